@@ -1,0 +1,2 @@
+//! JSON Schema event contracts to typed Rust events.
+pub mod naming;

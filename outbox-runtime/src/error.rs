@@ -1,0 +1,121 @@
+//! The crate's error type.
+
+use std::fmt;
+
+/// One way a payload breaks its schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaViolation {
+    /// JSON pointer into `data` (`""` is the whole payload).
+    pub pointer: String,
+    /// The schema keyword that failed (`required`, `pattern`, `minimum`, ...).
+    pub keyword: String,
+    /// What is wrong, in words.
+    pub message: String,
+}
+
+impl fmt::Display for SchemaViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = if self.pointer.is_empty() { "/" } else { &self.pointer };
+        write!(f, "at `{at}` ({}): {}", self.keyword, self.message)
+    }
+}
+
+fn list(violations: &[SchemaViolation]) -> String {
+    violations
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `data` does not satisfy the event type's JSON Schema. Nothing was sent to the database.
+    #[error("`{event_type}` payload does not match its schema: {}", list(.violations))]
+    InvalidPayload {
+        /// The event type whose schema rejected the payload.
+        event_type: String,
+        /// Every violation found, each with its JSON pointer and rule.
+        violations: Vec<SchemaViolation>,
+    },
+    /// The untyped path was given an event type no registered schema describes.
+    #[error("unknown event type `{event_type}`: no schema is registered for it (known: {known})")]
+    UnknownEventType {
+        /// The type asked for.
+        event_type: String,
+        /// The registered types, comma separated.
+        known: String,
+    },
+    /// An event type, subject or source that breaks the naming rules of docs/event-naming.md.
+    #[error("invalid {what} `{value}`: {reason}")]
+    InvalidName {
+        /// `event type`, `subject` or `source`.
+        what: &'static str,
+        /// The rejected value.
+        value: String,
+        /// Which rule it breaks.
+        reason: String,
+    },
+    /// The schema compiled into an event type is not a usable JSON Schema.
+    #[error("the schema of `{event_type}` does not compile: {reason}")]
+    InvalidSchema {
+        /// The event type.
+        event_type: String,
+        /// What the validator said.
+        reason: String,
+    },
+    /// The outbox table (or the consumer dedupe table) does not exist in this database.
+    #[error("table `{table}` does not exist: run the outbox migrations first (`outbox migrate`, or `outbox_runtime::migrate(&pool)`, which applies migrations/{migration})")]
+    MissingTable {
+        /// The missing table.
+        table: &'static str,
+        /// The migration that creates it.
+        migration: &'static str,
+    },
+    /// A database error.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Applying the outbox migrations failed.
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Serialising an event or envelope failed.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A NATS or JetStream operation failed.
+    #[error("nats: {0}")]
+    Nats(String),
+    /// The JetStream stream does not fit the relay (missing, subjects not captured, duplicate
+    /// window shorter than the retry horizon, ...).
+    #[error("stream `{stream}`: {reason}")]
+    Stream {
+        /// The stream name.
+        stream: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// A configuration value that cannot work.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    pub(crate) fn nats(e: impl fmt::Display) -> Self {
+        Error::Nats(e.to_string())
+    }
+
+    /// Maps "relation does not exist" to [`Error::MissingTable`] so the message says which
+    /// migration to run.
+    pub(crate) fn from_db(e: sqlx::Error, table: &'static str, migration: &'static str) -> Self {
+        if let sqlx::Error::Database(db) = &e {
+            if db.code().as_deref() == Some("42P01") {
+                return Error::MissingTable { table, migration };
+            }
+        }
+        Error::Database(e)
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,43 @@
+//! A transactional outbox for Postgres and NATS JetStream, with event contracts checked at
+//! compile time.
+#![doc = include_str!("../README.md")]
+
+mod emit;
+mod envelope;
+mod error;
+mod event;
+pub mod metrics;
+mod validate;
+
+pub use emit::{EmitExt, RawEvent, NOTIFY_CHANNEL};
+pub use envelope::{Envelope, CONTENT_TYPE, DATA_CONTENT_TYPE, SPEC_VERSION};
+pub use error::{Error, Result, SchemaViolation};
+pub use event::{EmitEvent, OutboxEvent, PLATFORM_SUBJECT};
+pub use validate::Schemas;
+
+/// `#[derive(OutboxEvent)]`: see [`OutboxEvent`] and the crate docs.
+pub use outbox_macros::OutboxEvent;
+
+/// The outbox migrations (`migrations/` at the repository root): `0001_outbox_events.sql` is
+/// the outbox table and its partial index, exactly as the contract gives them.
+///
+/// Run them with [`migrate`], or copy the files into the service's own migrations folder.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// Applies [`MIGRATOR`] to `pool`.
+///
+/// ```no_run
+/// # async fn run() -> outbox_runtime::Result<()> {
+/// let pool = sqlx::PgPool::connect("postgres://root@127.0.0.1/test").await?;
+/// outbox_runtime::migrate(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use serde_json;
+}
