@@ -1,0 +1,218 @@
+//! Retention: pruning spent rows without ever touching an unpublished one.
+//!
+//! A published row (`published_at is not null`) is spent once no consumer can still need it
+//! replayed; a dedupe row is spent once its event can no longer be delivered again. Both are
+//! deleted in batches with `for update skip locked`, the relay's own discipline, so retention
+//! never waits on (or blocks) a relay. Unpublished rows are never retention material: they are
+//! an incident, and they show in [`crate::status`].
+//!
+//! # Sizing
+//!
+//! Keep published rows at least as long as the slowest consumer's redelivery window plus the
+//! longest plausible consumer outage ([`RetentionConfig::check`] enforces it), and keep dedupe
+//! rows at least as long as a message can be redelivered to the consumer: the stream's
+//! `max_age` when it has one, otherwise the same window.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::error::{Error, Result};
+use crate::metrics as m;
+
+/// Retention settings (defaults: keep 7 days of published rows and 14 days of dedupe rows,
+/// delete 1,000 rows per statement, run every minute).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// Published rows older than this (by `published_at`) are deleted.
+    pub keep_published: Duration,
+    /// Dedupe rows older than this (by `consumed_at`) are deleted; `None` leaves them.
+    pub keep_dedupe: Option<Duration>,
+    /// Rows per delete statement.
+    pub batch_size: i64,
+    /// Pause between runs of [`Retention::run`].
+    pub interval: Duration,
+    /// How long the slowest consumer may take to ask for a redelivery (its ack wait times its
+    /// max deliveries, typically). Used by [`RetentionConfig::check`].
+    pub redelivery_window: Duration,
+    /// The longest consumer outage to survive. Used by [`RetentionConfig::check`].
+    pub max_outage: Duration,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            keep_published: Duration::from_secs(7 * 24 * 3600),
+            keep_dedupe: Some(Duration::from_secs(14 * 24 * 3600)),
+            batch_size: 1_000,
+            interval: Duration::from_secs(60),
+            redelivery_window: Duration::from_secs(3600),
+            max_outage: Duration::from_secs(3 * 24 * 3600),
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// Checks the sizing rule: published rows outlive the redelivery window plus the outage,
+    /// dedupe rows outlive published rows, batches are positive.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_runtime::retention::RetentionConfig;
+    ///
+    /// let too_short = RetentionConfig { keep_published: Duration::from_secs(60), ..Default::default() };
+    /// assert!(too_short.check().is_err());
+    /// assert!(RetentionConfig::default().check().is_ok());
+    /// ```
+    pub fn check(&self) -> Result<()> {
+        let need = self.redelivery_window + self.max_outage;
+        if self.keep_published < need {
+            return Err(Error::Config(format!(
+                "keep_published ({:?}) is shorter than redelivery_window + max_outage ({need:?}): \
+                 a consumer recovering from an outage could need rows already deleted; keep them longer",
+                self.keep_published
+            )));
+        }
+        if let Some(dedupe) = self.keep_dedupe {
+            if dedupe < self.keep_published {
+                return Err(Error::Config(format!(
+                    "keep_dedupe ({dedupe:?}) is shorter than keep_published ({:?}): a replay of a \
+                     still-kept event would be handled twice; keep dedupe rows at least as long",
+                    self.keep_published
+                )));
+            }
+        }
+        if self.batch_size <= 0 {
+            return Err(Error::Config(format!(
+                "batch_size must be positive, got {}",
+                self.batch_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn interval(d: Duration) -> sqlx::postgres::types::PgInterval {
+    sqlx::postgres::types::PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
+    }
+}
+
+/// Deletes published rows whose `published_at` is older than `keep`, `batch` rows per
+/// statement, until none is left. Returns how many were deleted. Unpublished rows are never
+/// selected.
+pub async fn prune_published(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = sqlx::query(
+            "delete from outbox_events where id in ( \
+               select id from outbox_events \
+                where published_at is not null and published_at < now() - $1 \
+                limit $2 for update skip locked)",
+        )
+        .bind(interval(keep))
+        .bind(batch)
+        .execute(pool)
+        .await
+        .map_err(|e| Error::from_db(e, "outbox_events", "0001_outbox_events.sql"))?
+        .rows_affected();
+        total += n;
+        if n < batch as u64 {
+            break;
+        }
+    }
+    metrics::counter!(m::PRUNED, "table" => "outbox_events").increment(total);
+    Ok(total)
+}
+
+/// How many published rows [`prune_published`] would delete now (a dry run).
+pub async fn count_prunable(pool: &PgPool, keep: Duration) -> Result<i64> {
+    sqlx::query_scalar(
+        "select count(*) from outbox_events where published_at is not null and published_at < now() - $1",
+    )
+    .bind(interval(keep))
+    .fetch_one(pool)
+    .await
+    .map_err(|e| Error::from_db(e, "outbox_events", "0001_outbox_events.sql"))
+}
+
+/// Deletes dedupe rows (`outbox_consumed`) older than `keep`, in batches. Returns how many.
+pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = sqlx::query(
+            "delete from outbox_consumed where (consumer, event_id) in ( \
+               select consumer, event_id from outbox_consumed \
+                where consumed_at < now() - $1 \
+                order by consumed_at limit $2 for update skip locked)",
+        )
+        .bind(interval(keep))
+        .bind(batch)
+        .execute(pool)
+        .await
+        .map_err(|e| Error::from_db(e, "outbox_consumed", "0002_outbox_consumer.sql"))?
+        .rows_affected();
+        total += n;
+        if n < batch as u64 {
+            break;
+        }
+    }
+    metrics::counter!(m::PRUNED, "table" => "outbox_consumed").increment(total);
+    Ok(total)
+}
+
+/// A retention task: prunes on a schedule.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
+/// use outbox_runtime::retention::{Retention, RetentionConfig};
+///
+/// let retention = Retention::new(pool, RetentionConfig::default())?;
+/// tokio::spawn(async move { retention.run(std::future::pending()).await });
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Retention {
+    pool: PgPool,
+    config: RetentionConfig,
+}
+
+impl Retention {
+    /// A retention task; fails when `config` breaks the sizing rule ([`RetentionConfig::check`]).
+    pub fn new(pool: PgPool, config: RetentionConfig) -> Result<Self> {
+        config.check()?;
+        Ok(Self { pool, config })
+    }
+
+    /// One pass: prunes published rows, then dedupe rows. Returns `(published, dedupe)` counts.
+    pub async fn run_once(&self) -> Result<(u64, u64)> {
+        let c = &self.config;
+        let published = prune_published(&self.pool, c.keep_published, c.batch_size).await?;
+        let dedupe = match c.keep_dedupe {
+            Some(keep) => prune_dedupe(&self.pool, keep, c.batch_size).await?,
+            None => 0,
+        };
+        if published + dedupe > 0 {
+            tracing::info!(published, dedupe, "retention pruned spent rows");
+        }
+        Ok((published, dedupe))
+    }
+
+    /// Runs [`Retention::run_once`] every `interval` until `shutdown` resolves. Errors are
+    /// logged and the next pass tries again.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            if let Err(e) = self.run_once().await {
+                tracing::warn!(error = %e, "retention pass failed; retrying next interval");
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(self.config.interval) => {}
+            }
+        }
+    }
+}
