@@ -98,6 +98,16 @@ pub enum Error {
     /// A configuration value that cannot work.
     #[error("configuration: {0}")]
     Config(String),
+    /// Postgres or NATS could not be reached.
+    #[error("cannot reach {service} at {target}: {reason}; check that it is running and that the address is right")]
+    Unreachable {
+        /// `postgres` or `nats`.
+        service: &'static str,
+        /// The address tried (URL without credentials).
+        target: String,
+        /// What the client said.
+        reason: String,
+    },
 }
 
 impl Error {

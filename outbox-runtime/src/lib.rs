@@ -2,11 +2,17 @@
 //! compile time.
 #![doc = include_str!("../README.md")]
 
+pub mod consumer;
 mod emit;
 mod envelope;
 mod error;
 mod event;
 pub mod metrics;
+pub mod order;
+pub mod relay;
+pub mod retention;
+pub mod status;
+pub mod stream;
 mod validate;
 
 pub use emit::{EmitExt, RawEvent, NOTIFY_CHANNEL};
@@ -14,6 +20,8 @@ pub use envelope::{Envelope, CONTENT_TYPE, DATA_CONTENT_TYPE, SPEC_VERSION};
 pub use error::{Error, Result, SchemaViolation};
 pub use event::{EmitEvent, OutboxEvent, PLATFORM_SUBJECT};
 pub use validate::Schemas;
+pub use relay::{BatchReport, Claim, Relay, RelayConfig, RelayStats};
+pub use stream::{check_captures, StorageType, StreamSpec};
 
 /// `#[derive(OutboxEvent)]`: see [`OutboxEvent`] and the crate docs.
 pub use outbox_macros::OutboxEvent;

@@ -1,0 +1,1024 @@
+//! The relay: the loop that moves committed rows from `outbox_events` to JetStream.
+//!
+//! # One batch
+//!
+//! A batch is one short transaction ([`Relay::claim`], [`Claim::publish`], [`Claim::commit`]):
+//!
+//! 1. **Claim** up to [`RelayConfig::batch_size`] unpublished rows in `created_at` order,
+//!    `for update skip locked`, skipping the subjects this relay is backing off and the subjects
+//!    that are held (below). The claim also takes a transaction-scoped advisory lock on a hash
+//!    partition of each row's `subject` (`pg_try_advisory_xact_lock`); rows whose partition is
+//!    locked by another relay's open batch are skipped.
+//! 2. **Publish** each row on the NATS subject `event_type`, with the CloudEvents [`Envelope`]
+//!    as the body and the headers `Nats-Msg-Id: <id>` and `Content-Type:
+//!    application/cloudevents+json`. Publishing goes in *waves*: wave k holds the k-th row of
+//!    every subject in the batch; a wave is pipelined (all sent, then all acks awaited), so one
+//!    subject never has two events in flight. Every wave shares one deadline,
+//!    [`RelayConfig::ack_timeout`], counted from the start of publishing. When the NATS
+//!    connection is down, a wave fails at once instead of waiting on the broker.
+//! 3. **Mark**: the acknowledged rows get `published_at` in one statement, the rows whose
+//!    publish failed get `attempts = attempts + 1` in one statement, then the transaction commits.
+//!    A duplicate ack (JetStream already stored that `Nats-Msg-Id`) counts as acknowledged.
+//!
+//! Rows locks are held only for the claim, the bounded publish and two updates. Dropping a
+//! [`Claim`] without committing rolls the transaction back, exactly as a crash does: the rows
+//! stay unpublished and the next batch republishes them under the same id, which JetStream
+//! drops as a duplicate inside its duplicate window.
+//!
+//! # Order
+//!
+//! Order is per `subject` (the entity an event is about), across any number of relays on one
+//! table: events with the same subject reach the stream in `created_at` order.
+//!
+//! - Across relays, the advisory lock makes one transaction at a time the only relay of a
+//!   partition (`(hashtext(subject) & 0x7fffffff) % partitions`, [`RelayConfig::partitions`]).
+//! - Within a batch, a subject's events go out one wave after the other; once one fails, its
+//!   later events in the batch are not published and their `attempts` are not incremented
+//!   (they were not attempted).
+//! - `created_at` is the emit time (`clock_timestamp()`): two transactions that emit for the same
+//!   subject are ordered by emit time, so writers of one entity should serialise on its row, as
+//!   they normally do.
+//!
+//! # Backoff
+//!
+//! A failed publish backs its subject off in this relay's memory: the n-th consecutive failure
+//! excludes the subject from this relay's claims for `backoff_base * 2^(n-1)`, capped at
+//! [`RelayConfig::backoff_max`]; a success clears it. (The table has no last-attempt column, so
+//! the schedule is per relay: N relays may each retry a failing subject on their own schedule.)
+//! A batch in which nothing was published and something failed (the broker is down) also backs
+//! the whole loop off on the same schedule; any success resets it. A broker outage is therefore
+//! never a hot loop.
+//!
+//! # Attempt cap
+//!
+//! A row whose `attempts` reach [`RelayConfig::max_attempts`] is left alone: it is logged at error
+//! level, counted in [`metrics::AT_CAP`](crate::metrics::AT_CAP), listed by [`Relay::capped`],
+//! and stays visible to any status query as an unpublished row with `attempts >= max_attempts`.
+//! Its subject is **held**: the later events of that subject wait behind it, unpublished, so
+//! that the subject's order is never broken. Other subjects are not held back (the claim excludes
+//! held subjects in SQL). Resetting the row's `attempts` to 0 releases the subject.
+//!
+//! # Wake-up
+//!
+//! Every emit notifies the channel [`NOTIFY_CHANNEL`] when its transaction commits. The relay
+//! listens on it (`LISTEN`), and after a full batch claims again at once; otherwise it waits for
+//! a notification, the fallback poll ([`RelayConfig::poll_interval`]), the earliest subject
+//! retry, a loop backoff, or shutdown. A lost listener connection is re-established (the relay
+//! claims once after each reconnect, since notifications may have been missed), and the poll
+//! keeps rows moving meanwhile.
+//!
+//! # Failures and shutdown
+//!
+//! A Postgres or NATS outage makes batches fail; the loop logs, backs off and keeps going (the
+//! pool and the NATS client reconnect by themselves), and nothing is lost because nothing is
+//! marked without an ack. [`Relay::run`] returns when its `shutdown` future completes: a batch in
+//! progress is never cut short (it is bounded by `ack_timeout`), it commits, and then the loop
+//! ends.
+//!
+//! # Start-up checks
+//!
+//! [`Relay::new`] fails with a clear [`Error`] when Postgres or NATS is unreachable
+//! ([`Error::Unreachable`]), when the table is missing ([`Error::MissingTable`], naming the
+//! migration), when no stream captures one of [`RelayConfig::subjects`], or when such a stream's
+//! duplicate window is shorter than [`RelayConfig::retry_horizon`] ([`Error::Stream`]).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use chrono::{DateTime, Utc};
+use futures::FutureExt;
+use serde_json::Value;
+use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio::sync::Notify;
+use tokio::time::{sleep_until, timeout, timeout_at, Instant};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::{metrics as names, Envelope, CONTENT_TYPE, NOTIFY_CHANNEL};
+
+/// First key of the relay's advisory locks (`pg_try_advisory_xact_lock(LOCK_NAMESPACE, partition)`),
+/// so that they do not collide with the application's own advisory locks.
+pub const LOCK_NAMESPACE: i32 = 0x6f62_7872;
+
+const TABLE: &str = "outbox_events";
+const MIGRATION: &str = "0001_outbox_events.sql";
+
+/// The claim. `subject <> all($3)` skips the subjects this relay backs off; `not exists` skips
+/// subjects held by a row at the attempt cap; the advisory lock skips partitions another relay's
+/// batch holds.
+const CLAIM: &str = "\
+select id, event_type, source, subject, time, data, created_at, attempts
+  from outbox_events o
+ where published_at is null
+   and attempts < $2
+   and subject <> all($3)
+   and not exists (select 1 from outbox_events h
+                    where h.subject = o.subject
+                      and h.published_at is null
+                      and h.attempts >= $2)
+   and pg_try_advisory_xact_lock($4, (hashtext(subject) & 2147483647) % $5)
+ order by created_at
+ limit $1
+   for update skip locked";
+
+const MARK_PUBLISHED: &str =
+    "update outbox_events set published_at = clock_timestamp() where id = any($1)";
+const MARK_FAILED: &str = "update outbox_events set attempts = attempts + 1 where id = any($1)";
+
+/// The relay's settings: a server-side configuration, `Default` style.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_runtime::RelayConfig;
+///
+/// let config = RelayConfig {
+///     batch_size: 500,
+///     backoff_max: Duration::from_secs(60),
+///     subjects: vec!["billing.invoice.paid".into()],
+///     ..Default::default()
+/// };
+/// assert_eq!(config.backoff(1), Duration::from_secs(1));
+/// assert_eq!(config.backoff(3), Duration::from_secs(4));
+/// assert_eq!(config.backoff(30), Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// Rows claimed per batch. Default 256.
+    pub batch_size: usize,
+    /// The deadline for all publishes and acks of one batch. Default 5 s.
+    pub ack_timeout: Duration,
+    /// The wait after the first failure; it doubles with each consecutive failure. Default 1 s.
+    pub backoff_base: Duration,
+    /// The longest wait between retries. Default 5 min.
+    pub backoff_max: Duration,
+    /// Attempts after which a row is left alone and its subject held. Default 20.
+    pub max_attempts: i32,
+    /// The fallback poll, for notifications lost while the listener reconnects. Default 5 s.
+    pub poll_interval: Duration,
+    /// Number of subject partitions for the advisory locks that order subjects across relays.
+    /// More partitions let more relays work in parallel; every relay on a table must use the
+    /// same value. Default 1024.
+    pub partitions: i32,
+    /// NATS subjects (event types) this relay is expected to publish. At start it checks that a
+    /// stream captures each one and that the stream's duplicate window covers
+    /// [`retry_horizon`](Self::retry_horizon). Empty (the default) skips the check.
+    pub subjects: Vec<String>,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 256,
+            ack_timeout: Duration::from_secs(5),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            max_attempts: 20,
+            poll_interval: Duration::from_secs(5),
+            partitions: 1024,
+            subjects: Vec::new(),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks that every value can work; [`Error::Config`] says which one does not.
+    ///
+    /// ```
+    /// let config = outbox_runtime::RelayConfig { batch_size: 0, ..Default::default() };
+    /// assert!(config.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        let fail = |m: &str| Err(Error::Config(m.to_owned()));
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return fail("relay batch_size must be between 1 and 10000");
+        }
+        if self.ack_timeout.is_zero() {
+            return fail("relay ack_timeout must be greater than zero");
+        }
+        if self.backoff_base.is_zero() {
+            return fail("relay backoff_base must be greater than zero, or a broker outage becomes a hot loop");
+        }
+        if self.backoff_max < self.backoff_base {
+            return fail("relay backoff_max must be at least backoff_base");
+        }
+        if self.max_attempts < 1 {
+            return fail("relay max_attempts must be at least 1");
+        }
+        if self.poll_interval.is_zero() {
+            return fail("relay poll_interval must be greater than zero");
+        }
+        if self.partitions < 1 {
+            return fail("relay partitions must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The wait after `failures` consecutive failures: `backoff_base * 2^(failures - 1)`, capped
+    /// at `backoff_max` (zero for no failure).
+    pub fn backoff(&self, failures: u32) -> Duration {
+        if failures == 0 {
+            return Duration::ZERO;
+        }
+        let factor = 1u32 << (failures - 1).min(30);
+        self.backoff_base
+            .checked_mul(factor)
+            .unwrap_or(self.backoff_max)
+            .min(self.backoff_max)
+    }
+
+    /// The longest time between two attempts at one row: `backoff_max + ack_timeout`. A
+    /// stream's duplicate window must be at least this long, so that a row whose ack was lost is
+    /// recognised as a duplicate when it is republished.
+    pub fn retry_horizon(&self) -> Duration {
+        self.backoff_max + self.ack_timeout
+    }
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows acknowledged by JetStream (duplicates included) and marked published.
+    pub published: usize,
+    /// Of `published`, acks that JetStream flagged as duplicates.
+    pub duplicates: usize,
+    /// Rows whose publish failed; their `attempts` grew by one.
+    pub failed: usize,
+    /// Rows not attempted because an earlier event of their subject failed in this batch, or the
+    /// deadline passed first. Their `attempts` are unchanged.
+    pub skipped: usize,
+    /// Of `failed`, rows that reached the attempt cap with this failure.
+    pub capped: usize,
+}
+
+/// Totals since the relay was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Batches committed.
+    pub batches: u64,
+    /// Rows claimed.
+    pub claimed: u64,
+    /// Rows published (duplicates included).
+    pub published: u64,
+    /// Duplicate acks.
+    pub duplicates: u64,
+    /// Failed publish attempts (each one `attempts + 1` on its row).
+    pub failed: u64,
+    /// Rows claimed but not attempted.
+    pub skipped: u64,
+    /// Rows that reached the attempt cap.
+    pub capped: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    claimed: AtomicU64,
+    published: AtomicU64,
+    duplicates: AtomicU64,
+    failed: AtomicU64,
+    skipped: AtomicU64,
+    capped: AtomicU64,
+}
+
+impl Counters {
+    fn add(&self, r: &BatchReport) {
+        self.batches.fetch_add(1, Relaxed);
+        self.claimed.fetch_add(r.claimed as u64, Relaxed);
+        self.published.fetch_add(r.published as u64, Relaxed);
+        self.duplicates.fetch_add(r.duplicates as u64, Relaxed);
+        self.failed.fetch_add(r.failed as u64, Relaxed);
+        self.skipped.fetch_add(r.skipped as u64, Relaxed);
+        self.capped.fetch_add(r.capped as u64, Relaxed);
+    }
+
+    fn snapshot(&self) -> RelayStats {
+        RelayStats {
+            batches: self.batches.load(Relaxed),
+            claimed: self.claimed.load(Relaxed),
+            published: self.published.load(Relaxed),
+            duplicates: self.duplicates.load(Relaxed),
+            failed: self.failed.load(Relaxed),
+            skipped: self.skipped.load(Relaxed),
+            capped: self.capped.load(Relaxed),
+        }
+    }
+}
+
+/// A subject this relay is backing off.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    failures: u32,
+    next_try: Instant,
+}
+
+/// An unpublished row that reached the attempt cap, as [`Relay::capped`] lists it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct CappedEvent {
+    /// The event id.
+    pub id: Uuid,
+    /// The event type (NATS subject).
+    pub event_type: String,
+    /// The held subject.
+    pub subject: String,
+    /// Attempts so far.
+    pub attempts: i32,
+    /// When it was emitted.
+    pub created_at: DateTime<Utc>,
+}
+
+/// The publisher loop of the outbox. See the [module docs](self) for its behaviour.
+///
+/// ```no_run
+/// # async fn run() -> outbox_runtime::Result<()> {
+/// use outbox_runtime::{Relay, RelayConfig};
+///
+/// let relay = Relay::connect(
+///     "postgres://root@127.0.0.1/test",
+///     "nats://127.0.0.1:4222",
+///     RelayConfig { subjects: vec!["billing.invoice.paid".into()], ..Default::default() },
+/// )
+/// .await?;
+/// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// # Ok(()) }
+/// ```
+pub struct Relay {
+    pool: PgPool,
+    jetstream: jetstream::Context,
+    config: RelayConfig,
+    backoffs: Mutex<HashMap<String, Backoff>>,
+    counters: Counters,
+}
+
+impl fmt::Debug for Relay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Relay")
+            .field("config", &self.config)
+            .field("stats", &self.counters.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `postgres://user:pw@host/db` -> `postgres://host/db`, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn is_connection_error(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
+fn db_error(e: sqlx::Error) -> Error {
+    Error::from_db(e, TABLE, MIGRATION)
+}
+
+impl Relay {
+    /// Connects to Postgres and NATS, then runs the start-up checks of [`Relay::new`].
+    ///
+    /// An address where nothing answers fails with [`Error::Unreachable`].
+    ///
+    /// ```no_run
+    /// # async fn run() -> outbox_runtime::Result<()> {
+    /// let relay = outbox_runtime::Relay::connect(
+    ///     "postgres://root@127.0.0.1/test",
+    ///     "nats://127.0.0.1:4222",
+    ///     Default::default(),
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(database_url: &str, nats_url: &str, config: RelayConfig) -> Result<Relay> {
+        config.validate()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(config.ack_timeout.max(Duration::from_secs(5)))
+            .connect(database_url)
+            .await
+            .map_err(|e| {
+                if is_connection_error(&e) {
+                    Error::Unreachable {
+                        service: "postgres",
+                        target: redact(database_url),
+                        reason: e.to_string(),
+                    }
+                } else {
+                    Error::Database(e)
+                }
+            })?;
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(config.ack_timeout.max(Duration::from_secs(5)))
+            .connect(nats_url)
+            .await
+            .map_err(|e| Error::Unreachable {
+                service: "nats",
+                target: redact(nats_url),
+                reason: e.to_string(),
+            })?;
+        Relay::new(pool, jetstream::new(client), config).await
+    }
+
+    /// A relay on `pool` publishing through `jetstream`, after checking that it can work: the
+    /// configuration is valid, Postgres answers and has the outbox table, NATS answers with
+    /// JetStream enabled, and a stream with a long enough duplicate window captures each of
+    /// [`RelayConfig::subjects`].
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool, client: async_nats::Client) -> outbox_runtime::Result<()> {
+    /// let relay = outbox_runtime::Relay::new(
+    ///     pool,
+    ///     async_nats::jetstream::new(client),
+    ///     outbox_runtime::RelayConfig::default(),
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn new(
+        pool: PgPool,
+        jetstream: jetstream::Context,
+        config: RelayConfig,
+    ) -> Result<Relay> {
+        config.validate()?;
+        sqlx::query("select 1 from outbox_events limit 0")
+            .execute(&pool)
+            .await
+            .map_err(|e| {
+                if is_connection_error(&e) {
+                    let o = pool.connect_options();
+                    Error::Unreachable {
+                        service: "postgres",
+                        target: format!("{}:{}", o.get_host(), o.get_port()),
+                        reason: e.to_string(),
+                    }
+                } else {
+                    db_error(e)
+                }
+            })?;
+        let client = jetstream.client();
+        let info = client.server_info();
+        let target = format!("{}:{}", info.host, info.port);
+        match timeout(config.ack_timeout, jetstream.query_account()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if client.connection_state() == State::Connected => {
+                return Err(Error::Nats(format!(
+                    "JetStream does not answer at {target}: {e}; is the server started with JetStream enabled (`nats-server -js`)?"
+                )))
+            }
+            Ok(Err(e)) => {
+                return Err(Error::Unreachable {
+                    service: "nats",
+                    target,
+                    reason: e.to_string(),
+                })
+            }
+            Err(_) => {
+                return Err(Error::Unreachable {
+                    service: "nats",
+                    target,
+                    reason: format!("no answer within {:?}", config.ack_timeout),
+                })
+            }
+        }
+        if !config.subjects.is_empty() {
+            let horizon = config.retry_horizon();
+            for (name, info) in crate::stream::check_captures(&jetstream, &config.subjects).await? {
+                if info.config.duplicate_window < horizon {
+                    return Err(Error::Stream {
+                        stream: name,
+                        reason: format!(
+                            "duplicate window {:?} is shorter than the relay's retry horizon {:?} (backoff_max + ack_timeout): a republished row could be stored twice; raise the stream's duplicate_window or lower backoff_max",
+                            info.config.duplicate_window, horizon
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(Relay {
+            pool,
+            jetstream,
+            config,
+            backoffs: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The relay's configuration.
+    pub fn config(&self) -> &RelayConfig {
+        &self.config
+    }
+
+    /// Totals since the relay was created.
+    pub fn stats(&self) -> RelayStats {
+        self.counters.snapshot()
+    }
+
+    /// The subjects this relay is currently backing off, with their consecutive failures.
+    pub fn backed_off(&self) -> Vec<(String, u32)> {
+        let now = Instant::now();
+        let mut v: Vec<(String, u32)> = self
+            .backoffs()
+            .iter()
+            .filter(|(_, b)| b.next_try > now)
+            .map(|(s, b)| (s.clone(), b.failures))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn backoffs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Backoff>> {
+        self.backoffs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The unpublished rows at the attempt cap, oldest first: each holds its subject.
+    ///
+    /// ```no_run
+    /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
+    /// for event in relay.capped().await? {
+    ///     eprintln!("{} ({}) is stuck after {} attempts", event.id, event.event_type, event.attempts);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn capped(&self) -> Result<Vec<CappedEvent>> {
+        sqlx::query_as(
+            "select id, event_type, subject, attempts, created_at from outbox_events \
+             where published_at is null and attempts >= $1 order by created_at",
+        )
+        .bind(self.config.max_attempts)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_error)
+    }
+
+    /// Claims a batch: the first step of [`run_once`](Self::run_once), for callers that drive
+    /// the steps themselves.
+    ///
+    /// ```no_run
+    /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
+    /// let mut claim = relay.claim().await?;
+    /// claim.publish().await;
+    /// let report = claim.commit().await?;
+    /// println!("published {}", report.published);
+    /// # Ok(()) }
+    /// ```
+    pub async fn claim(&self) -> Result<Claim<'_>> {
+        let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
+        async {
+            let excluded = self.excluded_subjects();
+            let mut tx = self.pool.begin().await.map_err(db_error)?;
+            let rows: Vec<Row> = sqlx::query_as(CLAIM)
+                .bind(self.config.batch_size as i64)
+                .bind(self.config.max_attempts)
+                .bind(&excluded)
+                .bind(LOCK_NAMESPACE)
+                .bind(self.config.partitions)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db_error)?;
+            tracing::Span::current().record("claimed", rows.len());
+            metrics::histogram!(names::BATCH_SIZE).record(rows.len() as f64);
+            Ok(Claim {
+                relay: self,
+                tx,
+                rows,
+                acked: Vec::new(),
+                failed: Vec::new(),
+                report: BatchReport::default(),
+                published: false,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    fn excluded_subjects(&self) -> Vec<String> {
+        let now = Instant::now();
+        let forget = self.config.backoff_max * 2;
+        let mut backoffs = self.backoffs();
+        // A subject another relay published meanwhile is never seen again here: forget it.
+        backoffs.retain(|_, b| b.next_try + forget > now);
+        backoffs
+            .iter()
+            .filter(|(_, b)| b.next_try > now)
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+
+    fn next_subject_retry(&self) -> Option<Instant> {
+        let now = Instant::now();
+        self.backoffs()
+            .values()
+            .map(|b| b.next_try)
+            .filter(|t| *t > now)
+            .min()
+    }
+
+    /// One batch: claim, publish, mark, commit.
+    ///
+    /// ```no_run
+    /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
+    /// while relay.run_once().await?.claimed > 0 {}
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_once(&self) -> Result<BatchReport> {
+        let mut claim = self.claim().await?;
+        if claim.is_empty() {
+            // Nothing to publish; end the transaction without a commit round trip's worth of work.
+            claim.tx.rollback().await.map_err(db_error)?;
+            return Ok(BatchReport::default());
+        }
+        claim.publish().await;
+        claim.commit().await
+    }
+
+    /// Runs batches until `shutdown` completes, then returns. A batch in progress when it
+    /// completes is finished and committed first.
+    ///
+    /// Errors inside the loop (Postgres or NATS down) are logged and retried with backoff;
+    /// `run` itself only returns `Ok`.
+    ///
+    /// ```no_run
+    /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
+    /// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let mut shutdown = std::pin::pin!(shutdown.fuse());
+        let wake = Arc::new(Notify::new());
+        let listener = tokio::spawn(listen(
+            self.pool.clone(),
+            wake.clone(),
+            self.config.poll_interval,
+        ));
+        let _listener = AbortOnDrop(listener);
+        let mut loop_failures = 0u32;
+        loop {
+            let mut pause = None;
+            let mut again = false;
+            match self.run_once().await {
+                Ok(r) if r.published > 0 => {
+                    loop_failures = 0;
+                    again = r.claimed >= self.config.batch_size;
+                }
+                Ok(r) if r.failed > 0 => {
+                    loop_failures += 1;
+                    pause = Some(self.config.backoff(loop_failures));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    loop_failures += 1;
+                    let wait = self.config.backoff(loop_failures);
+                    tracing::warn!(error = %e, retry_in = ?wait, "outbox relay batch failed");
+                    pause = Some(wait);
+                }
+            }
+            if (&mut shutdown).now_or_never().is_some() {
+                break;
+            }
+            if again {
+                continue;
+            }
+            let now = Instant::now();
+            let until = match pause {
+                Some(p) => now + p,
+                None => {
+                    let poll = now + self.config.poll_interval;
+                    self.next_subject_retry().map_or(poll, |t| t.min(poll))
+                }
+            };
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = sleep_until(until) => {}
+                _ = wake.notified(), if pause.is_none() => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Forwards `outbox_events` notifications to `wake`, reconnecting on error.
+async fn listen(pool: PgPool, wake: Arc<Notify>, retry: Duration) {
+    loop {
+        match PgListener::connect_with(&pool).await {
+            Ok(mut listener) => match listener.listen(NOTIFY_CHANNEL).await {
+                Ok(()) => {
+                    // Rows committed while not listening were not announced.
+                    wake.notify_one();
+                    loop {
+                        match listener.try_recv().await {
+                            Ok(_) => wake.notify_one(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "outbox relay lost its LISTEN connection; polling until it is back");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "outbox relay cannot LISTEN; polling"),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox relay cannot open its LISTEN connection; polling")
+            }
+        }
+        tokio::time::sleep(retry).await;
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Row {
+    id: Uuid,
+    event_type: String,
+    source: String,
+    subject: String,
+    time: DateTime<Utc>,
+    data: sqlx::types::Json<Value>,
+    created_at: DateTime<Utc>,
+    attempts: i32,
+}
+
+/// A claimed batch: its rows are locked in an open transaction until [`commit`](Self::commit).
+///
+/// Dropping a claim without committing rolls the transaction back, as a crash would: rows that
+/// were published stay unpublished and are republished (same id) by a later batch.
+pub struct Claim<'r> {
+    relay: &'r Relay,
+    tx: Transaction<'static, Postgres>,
+    rows: Vec<Row>,
+    acked: Vec<Uuid>,
+    failed: Vec<Uuid>,
+    report: BatchReport,
+    published: bool,
+}
+
+impl fmt::Debug for Claim<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claim")
+            .field("rows", &self.rows.len())
+            .field("report", &self.report)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Failure {
+    Refused(String),
+    Deadline,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Refused(e) => f.write_str(e),
+            Failure::Deadline => f.write_str("no ack before the batch deadline"),
+        }
+    }
+}
+
+impl Claim<'_> {
+    /// Number of rows claimed.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether the claim is empty.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The claimed event ids, in `created_at` order.
+    pub fn ids(&self) -> Vec<Uuid> {
+        self.rows.iter().map(|r| r.id).collect()
+    }
+
+    /// Publishes the claimed rows in waves under one deadline (see the module docs) and
+    /// returns what happened; nothing is written to the table until [`commit`](Self::commit).
+    /// Calling it again does nothing and returns the same report.
+    pub async fn publish(&mut self) -> BatchReport {
+        if self.published {
+            return self.report;
+        }
+        self.published = true;
+        let span = tracing::debug_span!("outbox.publish", rows = self.rows.len());
+        self.publish_waves().instrument(span).await;
+        self.report
+    }
+
+    async fn publish_waves(&mut self) {
+        let config = &self.relay.config;
+        let jetstream = &self.relay.jetstream;
+        let client = jetstream.client();
+        let deadline = Instant::now() + config.ack_timeout;
+        self.report.claimed = self.rows.len();
+
+        // wave k = the k-th row of each subject
+        let mut waves: Vec<Vec<usize>> = Vec::new();
+        let mut position: HashMap<&str, usize> = HashMap::new();
+        for (i, row) in self.rows.iter().enumerate() {
+            let k = position.entry(row.subject.as_str()).or_insert(0);
+            if waves.len() <= *k {
+                waves.push(Vec::new());
+            }
+            waves[*k].push(i);
+            *k += 1;
+        }
+
+        let mut stopped: HashMap<&str, ()> = HashMap::new();
+        let mut failures: Vec<(usize, Failure)> = Vec::new();
+        let mut ok_subjects: Vec<usize> = Vec::new();
+        for wave in waves {
+            let (wave, held): (Vec<usize>, Vec<usize>) = wave.into_iter().partition(|&i| {
+                let row = &self.rows[i];
+                !stopped.contains_key(row.subject.as_str()) && row.attempts < config.max_attempts
+            });
+            for i in held {
+                // an earlier event of the subject failed (or this row is at the cap): hold the rest
+                stopped.insert(self.rows[i].subject.as_str(), ());
+                self.report.skipped += 1;
+            }
+            if wave.is_empty() {
+                continue;
+            }
+            if Instant::now() >= deadline {
+                self.report.skipped += wave.len();
+                for &i in &wave {
+                    stopped.insert(self.rows[i].subject.as_str(), ());
+                }
+                continue;
+            }
+            if client.connection_state() != State::Connected {
+                for i in wave {
+                    stopped.insert(self.rows[i].subject.as_str(), ());
+                    failures.push((i, Failure::Refused("not connected to NATS".into())));
+                }
+                continue;
+            }
+            let mut pending = Vec::with_capacity(wave.len());
+            for i in wave {
+                let row = &self.rows[i];
+                let envelope = Envelope::new(
+                    row.id,
+                    row.event_type.as_str(),
+                    row.source.as_str(),
+                    row.subject.as_str(),
+                    row.time,
+                    &row.data.0,
+                );
+                let body = match serde_json::to_vec(&envelope) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        failures.push((i, Failure::Refused(e.to_string())));
+                        continue;
+                    }
+                };
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    async_nats::header::NATS_MESSAGE_ID,
+                    row.id.to_string().as_str(),
+                );
+                headers.insert("Content-Type", CONTENT_TYPE);
+                let send =
+                    jetstream.publish_with_headers(row.event_type.clone(), headers, body.into());
+                match timeout_at(deadline, send).await {
+                    Ok(Ok(ack)) => pending.push((i, ack)),
+                    Ok(Err(e)) => failures.push((i, Failure::Refused(e.to_string()))),
+                    Err(_) => failures.push((i, Failure::Deadline)),
+                }
+            }
+            let acks = futures::future::join_all(
+                pending
+                    .into_iter()
+                    .map(|(i, ack)| timeout_at(deadline, ack.into_future()).map(move |r| (i, r))),
+            )
+            .await;
+            let now = Utc::now();
+            for (i, result) in acks {
+                match result {
+                    Ok(Ok(ack)) => {
+                        let row = &self.rows[i];
+                        self.acked.push(row.id);
+                        self.report.published += 1;
+                        if ack.duplicate {
+                            self.report.duplicates += 1;
+                        }
+                        ok_subjects.push(i);
+                        let lag = (now - row.created_at).to_std().unwrap_or_default();
+                        metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
+                    }
+                    Ok(Err(e)) => failures.push((i, Failure::Refused(e.to_string()))),
+                    Err(_) => failures.push((i, Failure::Deadline)),
+                }
+            }
+            for (i, _) in &failures {
+                stopped.insert(self.rows[*i].subject.as_str(), ());
+            }
+        }
+
+        // Update the in-memory backoff of the subjects touched by this batch.
+        let now = Instant::now();
+        let mut backoffs = self.relay.backoffs();
+        for i in ok_subjects {
+            backoffs.remove(&self.rows[i].subject);
+        }
+        for (i, failure) in &failures {
+            let row = &self.rows[*i];
+            self.failed.push(row.id);
+            self.report.failed += 1;
+            let entry = backoffs.entry(row.subject.clone()).or_insert(Backoff {
+                failures: 0,
+                next_try: now,
+            });
+            entry.failures += 1;
+            entry.next_try = now + config.backoff(entry.failures);
+            if row.attempts + 1 >= config.max_attempts {
+                self.report.capped += 1;
+                tracing::error!(
+                    id = %row.id,
+                    event_type = %row.event_type,
+                    subject = %row.subject,
+                    attempts = row.attempts + 1,
+                    error = %failure,
+                    "outbox event reached the attempt cap: it is left unpublished and its subject is held until its attempts are reset",
+                );
+            } else {
+                tracing::debug!(id = %row.id, event_type = %row.event_type, error = %failure, "outbox publish failed");
+            }
+        }
+        if !failures.is_empty() {
+            let (_, first) = &failures[0];
+            tracing::warn!(
+                failed = failures.len(),
+                published = self.report.published,
+                first_error = %first,
+                "outbox relay: publishes failed; their subjects back off"
+            );
+        }
+    }
+
+    /// Marks the acknowledged rows published and the failed rows' `attempts + 1`, in one
+    /// statement each, and commits. Publishes first if [`publish`](Self::publish) was not
+    /// called.
+    pub async fn commit(mut self) -> Result<BatchReport> {
+        self.publish().await;
+        if !self.acked.is_empty() {
+            sqlx::query(MARK_PUBLISHED)
+                .bind(&self.acked)
+                .execute(&mut *self.tx)
+                .await
+                .map_err(db_error)?;
+        }
+        if !self.failed.is_empty() {
+            sqlx::query(MARK_FAILED)
+                .bind(&self.failed)
+                .execute(&mut *self.tx)
+                .await
+                .map_err(db_error)?;
+        }
+        self.tx.commit().await.map_err(db_error)?;
+        let report = self.report;
+        self.relay.counters.add(&report);
+        let acked: std::collections::HashSet<Uuid> = self.acked.iter().copied().collect();
+        for row in &self.rows {
+            let event_type = row.event_type.clone();
+            if acked.contains(&row.id) {
+                metrics::counter!(names::PUBLISHED, "event_type" => event_type).increment(1);
+            } else if self.failed.contains(&row.id) {
+                if row.attempts + 1 >= self.relay.config.max_attempts {
+                    metrics::counter!(names::AT_CAP, "event_type" => event_type.clone())
+                        .increment(1);
+                }
+                metrics::counter!(names::PUBLISH_FAILURES, "event_type" => event_type).increment(1);
+            }
+        }
+        if report.duplicates > 0 {
+            metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
+        }
+        Ok(report)
+    }
+}
