@@ -1,8 +1,103 @@
-//! `#[derive(OutboxEvent)]` (placeholder until the derive lands).
-use proc_macro::TokenStream;
+//! `#[derive(OutboxEvent)]`: an event struct checked against its JSON Schema at compile time.
+//!
+//! Use it through `outbox-runtime`, which re-exports it:
+//!
+//! ```ignore
+//! #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
+//! #[outbox(event_type = "billing.subscription.created", subject = "subscription_id")]
+//! pub struct SubscriptionCreated {
+//!     pub subscription_id: uuid::Uuid,
+//!     pub seats: u32,
+//! }
+//! ```
+//!
+//! The keys of `#[outbox(..)]`:
+//!
+//! | key | meaning |
+//! |---|---|
+//! | `event_type = ".."` | required; `<domain>.<entity>.<action>[.v<N>]` |
+//! | `source = ".."` | the emitting service; default: the crate's package name |
+//! | `subject = ".."` | the JSON property that is the envelope's subject; default: the schema's `x-outbox-subject`, else `platform` |
+//! | `schema = ".."` | the schema file, relative to `CARGO_MANIFEST_DIR` or absolute; default: `schemas/events/<event_type>.schema.json` |
+//! | `consume_only` | the type may be decoded but not emitted (no `EmitEvent` impl) |
+//!
+//! The schema is read at compile time and tracked, so editing it rebuilds the crate. The struct
+//! is checked against it: every required property has a non-`Option` field (an `Option` only
+//! when the property is nullable), optional properties are `Option` (or `#[serde(default)]`),
+//! a closed schema (`additionalProperties: false`) has no extra fields, JSON types match the
+//! Rust types, serde `rename`, `rename_all`, `skip`, `default` and `flatten` are respected.
+//! The rules are listed in the `check` module. Every error points at the field, type or
+//! attribute literal to change.
+//!
+//! The derive is staged like serde's: `ast` (the struct and its serde attributes), `attr` (the
+//! `#[outbox(..)]` keys), `schema` (loading), `check` (struct against schema), `expand`.
+//! Errors are collected across stages; with any error, the output is the errors plus a stub
+//! impl, so the user sees the real errors and nothing that follows from them.
 
-/// Derives `outbox_runtime::OutboxEvent`.
+mod ast;
+mod attr;
+mod check;
+mod ctxt;
+mod expand;
+mod json;
+mod schema;
+mod ty;
+
+use proc_macro::TokenStream;
+use syn::DeriveInput;
+
+use crate::ast::Container;
+use crate::attr::Attrs;
+use crate::ctxt::Ctxt;
+
+/// Derives `outbox_runtime::OutboxEvent` (and `outbox_runtime::EmitEvent` unless
+/// `#[outbox(consume_only)]`), checking the struct against its JSON Schema. See the crate docs.
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
-pub fn derive_outbox_event(_input: TokenStream) -> TokenStream {
-    TokenStream::new()
+pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as DeriveInput);
+    derive(&input).into()
+}
+
+fn derive(input: &DeriveInput) -> proc_macro2::TokenStream {
+    let cx = Ctxt::default();
+    let Some(cont) = Container::from_ast(&cx, input) else {
+        return to_compile_errors(cx.into_errors());
+    };
+    let attrs = Attrs::from_attrs(&cx, cont.attrs, cont.ident_span());
+    let mut output = None;
+    if let Some(event_type) = &attrs.event_type {
+        if let Some(loaded) = schema::load(&cx, &attrs, event_type) {
+            let checked = check::check(
+                &cx,
+                &cont,
+                &attrs,
+                event_type,
+                &loaded.schema.resolved,
+                &loaded.shown,
+                loaded.schema.subject.as_deref(),
+            );
+            if !cx.has_errors() {
+                output = Some(expand::expand(
+                    &cont,
+                    &attrs,
+                    &event_type.value(),
+                    &loaded,
+                    &checked,
+                ));
+            }
+        }
+    }
+    match output {
+        Some(tokens) => tokens,
+        None => {
+            let stub = expand::stub(&cont, &attrs);
+            let mut tokens = to_compile_errors(cx.into_errors());
+            tokens.extend(stub);
+            tokens
+        }
+    }
+}
+
+fn to_compile_errors(errors: Vec<syn::Error>) -> proc_macro2::TokenStream {
+    errors.iter().map(syn::Error::to_compile_error).collect()
 }
