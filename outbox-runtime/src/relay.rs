@@ -478,8 +478,15 @@ impl Relay {
         let client = jetstream.client();
         let info = client.server_info();
         let target = format!("{}:{}", info.host, info.port);
-        match timeout(config.ack_timeout, jetstream.query_account()).await {
-            Ok(Ok(_)) => {}
+        let info_request = jetstream.request::<_, _, Value>("INFO", &b""[..]);
+        match timeout(config.ack_timeout, info_request).await {
+            Ok(Ok(answer)) => {
+                if let Some(error) = answer.get("error") {
+                    return Err(Error::Nats(format!(
+                        "JetStream at {target} refuses this account: {error}"
+                    )));
+                }
+            }
             Ok(Err(e)) if client.connection_state() == State::Connected => {
                 return Err(Error::Nats(format!(
                     "JetStream does not answer at {target}: {e}; is the server started with JetStream enabled (`nats-server -js`)?"

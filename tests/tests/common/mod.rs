@@ -1,0 +1,378 @@
+//! Shared helpers for the end-to-end suites.
+//!
+//! - [`TestDb`]: a fresh database per test (created on the server of `DATABASE_URL`, migrations
+//!   applied), dropped when the value is dropped.
+//! - [`Ctx`]: a database plus a NATS connection and a subject prefix unique to the test, with
+//!   helpers to create the test's stream and read it back.
+//! - [`NatsServer`]: a private `nats-server` (JetStream, free port, temporary store) that the
+//!   test may stop and restart; it is killed when dropped.
+//!
+//! Defaults: `DATABASE_URL=postgres://root@127.0.0.1/test`, `NATS_URL=nats://127.0.0.1:4222`.
+//! A missing service fails the test with the command that starts it (`scripts/services`).
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
+use futures::StreamExt;
+use outbox_runtime::{Envelope, Schemas, StorageType, StreamSpec};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+const START_SERVICES: &str = "start it with `scripts/services`";
+
+/// `DATABASE_URL`, or the local default.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://root@127.0.0.1/test".into())
+}
+
+/// `NATS_URL`, or the local default.
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// A name unique to this test: `t` and 12 lowercase hex digits (a valid subject token).
+pub fn unique_token() -> String {
+    // the last 12 hex digits of a UUIDv7 are random
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    format!("t{}", &id[id.len() - 12..])
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// A database of its own for one test; dropped (with its connections) when this is dropped.
+pub struct TestDb {
+    /// A pool on the test database.
+    pub pool: PgPool,
+    /// The database name.
+    pub name: String,
+    /// Connection options of the test database.
+    pub options: PgConnectOptions,
+    admin: PgConnectOptions,
+}
+
+impl TestDb {
+    /// A fresh database with the outbox migrations applied.
+    pub async fn new() -> TestDb {
+        let db = TestDb::empty().await;
+        outbox_runtime::migrate(&db.pool)
+            .await
+            .expect("apply the outbox migrations");
+        db
+    }
+
+    /// A fresh database without any table.
+    pub async fn empty() -> TestDb {
+        let url = database_url();
+        let admin = PgConnectOptions::from_str(&url).expect("DATABASE_URL is a postgres URL");
+        let mut conn = admin.connect().await.unwrap_or_else(|e| {
+            panic!("cannot connect to Postgres at {url}: {e}; {START_SERVICES} (or set DATABASE_URL)")
+        });
+        let name = format!("outbox_{}", unique_token());
+        sqlx::query(&format!("create database {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create the test database");
+        conn.close().await.ok();
+        let options = admin.clone().database(&name);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.clone())
+            .await
+            .expect("connect to the test database");
+        TestDb {
+            pool,
+            name,
+            options,
+            admin,
+        }
+    }
+
+    /// Number of rows in `outbox_events` still unpublished.
+    pub async fn unpublished(&self) -> i64 {
+        sqlx::query_scalar("select count(*) from outbox_events where published_at is null")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count unpublished rows")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime: use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                if let Ok(mut conn) = admin.connect().await {
+                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Connects to NATS at `url`, failing with the command that starts it.
+pub async fn connect_nats(url: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot connect to NATS at {url}: {e}; {START_SERVICES} (or set NATS_URL)")
+        })
+}
+
+/// One message read back from a stream.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    /// The stream sequence.
+    pub seq: u64,
+    /// The NATS subject it was published on.
+    pub subject: String,
+    /// Its `Nats-Msg-Id` header.
+    pub msg_id: String,
+    /// Its `Content-Type` header.
+    pub content_type: String,
+    /// The decoded body.
+    pub envelope: Envelope,
+}
+
+/// A test's database, NATS connection and unique subject prefix.
+pub struct Ctx {
+    /// The test database (migrated).
+    pub db: TestDb,
+    /// The NATS client.
+    pub client: async_nats::Client,
+    /// JetStream on `client`.
+    pub js: jetstream::Context,
+    /// The test's first subject token: every event type of the test starts with it.
+    pub prefix: String,
+}
+
+impl Ctx {
+    /// A fresh database and the shared NATS server.
+    pub async fn new() -> Ctx {
+        Ctx::with_nats(&nats_url()).await
+    }
+
+    /// A fresh database and the NATS server at `url`.
+    pub async fn with_nats(url: &str) -> Ctx {
+        let db = TestDb::new().await;
+        let client = connect_nats(url).await;
+        let js = jetstream::new(client.clone());
+        Ctx {
+            db,
+            client,
+            js,
+            prefix: unique_token(),
+        }
+    }
+
+    /// The pool on the test database.
+    pub fn pool(&self) -> &PgPool {
+        &self.db.pool
+    }
+
+    /// `<prefix>.<rest>`: an event type (and subject) private to this test.
+    pub fn event_type(&self, rest: &str) -> String {
+        format!("{}.{rest}", self.prefix)
+    }
+
+    /// The name of the test's stream.
+    pub fn stream_name(&self) -> String {
+        self.prefix.to_uppercase()
+    }
+
+    /// The spec of the test's stream: memory storage, capturing `<prefix>.>`.
+    pub fn stream_spec(&self) -> StreamSpec {
+        StreamSpec {
+            name: self.stream_name(),
+            subjects: vec![format!("{}.>", self.prefix)],
+            storage: StorageType::Memory,
+            ..Default::default()
+        }
+    }
+
+    /// Creates the test's stream.
+    pub async fn ensure_stream(&self) -> jetstream::stream::Info {
+        self.stream_spec()
+            .ensure(&self.js)
+            .await
+            .expect("create the test stream")
+    }
+
+    /// Messages in the test's stream.
+    pub async fn stream_len(&self) -> u64 {
+        let mut stream = self
+            .js
+            .get_stream(self.stream_name())
+            .await
+            .expect("the test stream");
+        stream.info().await.expect("stream info").state.messages
+    }
+
+    /// Every message of the test's stream, in stream order, read by an ordered consumer.
+    pub async fn read_stream(&self) -> Vec<Delivered> {
+        read_stream(&self.js, &self.stream_name()).await
+    }
+
+    /// Deletes the test's stream (the shared server keeps no leftovers).
+    pub async fn delete_stream(&self) {
+        let _ = self.js.delete_stream(self.stream_name()).await;
+    }
+}
+
+/// Every message of stream `name`, in stream order.
+pub async fn read_stream(js: &jetstream::Context, name: &str) -> Vec<Delivered> {
+    let mut stream = js.get_stream(name).await.expect("the stream exists");
+    let total = stream.info().await.expect("stream info").state.messages as usize;
+    if total == 0 {
+        return Vec::new();
+    }
+    let consumer = stream
+        .create_consumer(OrderedConfig::default())
+        .await
+        .expect("create an ordered consumer");
+    let mut messages = consumer.messages().await.expect("consume");
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        let msg = tokio::time::timeout(Duration::from_secs(30), messages.next())
+            .await
+            .expect("the stream delivers its messages")
+            .expect("the consumer does not end")
+            .expect("a message");
+        let seq = msg.info().expect("jetstream metadata").stream_sequence;
+        let header = |name: &str| {
+            msg.headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default()
+        };
+        out.push(Delivered {
+            seq,
+            subject: msg.subject.to_string(),
+            msg_id: header("Nats-Msg-Id"),
+            content_type: header("Content-Type"),
+            envelope: serde_json::from_slice(&msg.payload).expect("a CloudEvents envelope"),
+        });
+    }
+    out
+}
+
+/// `Schemas` with one permissive object schema per event type.
+pub fn open_schemas(event_types: &[String]) -> Schemas {
+    const SCHEMA: &str = r#"{"type":"object"}"#;
+    Schemas::from_pairs(event_types.iter().map(|t| (t.as_str(), SCHEMA))).expect("schemas")
+}
+
+/// Waits until `check` returns true, polling every 50 ms; panics with `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "gave up after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A private `nats-server` with JetStream on a free port and a temporary store directory.
+///
+/// [`stop`](Self::stop) kills it (the store survives), [`start`](Self::start) starts it again on
+/// the same port and store; dropping it kills it.
+pub struct NatsServer {
+    child: Option<Child>,
+    /// The port it listens on.
+    pub port: u16,
+    store: tempfile::TempDir,
+    binary: PathBuf,
+}
+
+impl NatsServer {
+    /// Spawns a server and waits until it accepts connections.
+    pub async fn spawn() -> NatsServer {
+        let binary = std::env::var_os("NATS_SERVER_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/usr/sbin/nats-server"));
+        let mut server = NatsServer {
+            child: None,
+            port: free_port(),
+            store: tempfile::tempdir().expect("a temporary store"),
+            binary,
+        };
+        server.start().await;
+        server
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again) and waits until it accepts connections.
+    pub async fn start(&mut self) {
+        assert!(self.child.is_none(), "the server is already running");
+        let child = Command::new(&self.binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .arg(self.store.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {}: {e}; install nats-server (`scripts/services` does) or set NATS_SERVER_BIN",
+                    self.binary.display()
+                )
+            });
+        self.child = Some(child);
+        let addr = format!("127.0.0.1:{}", self.port);
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(&addr).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("nats-server did not listen on {addr} within 5 s");
+    }
+
+    /// Kills the server (this child only, by its pid) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

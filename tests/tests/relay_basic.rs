@@ -1,0 +1,363 @@
+//! The relay against a real Postgres and nats-server: commit and rollback, the wake-up on
+//! commit, and the errors it gives for bad input and a broken setup.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, free_port, open_schemas, Ctx, TestDb};
+use outbox_runtime::{
+    EmitExt, Error, RawEvent, Relay, RelayConfig, Schemas, StorageType, StreamSpec,
+};
+use serde_json::json;
+use uuid::Uuid;
+
+fn raw(event_type: &str, subject: &str, data: serde_json::Value) -> RawEvent {
+    RawEvent {
+        event_type: event_type.to_owned(),
+        source: "billing".into(),
+        subject: subject.to_owned(),
+        time: None,
+        data,
+    }
+}
+
+#[tokio::test]
+async fn a_committed_event_is_published_and_a_rolled_back_one_never_is() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let paid = ctx.event_type("billing.invoice.paid");
+    let schemas = open_schemas(std::slice::from_ref(&paid));
+
+    let mut tx = ctx.pool().begin().await.unwrap();
+    let rolled_back = tx
+        .emit_raw(&schemas, raw(&paid, "inv-1", json!({"n": 1})))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    let mut tx = ctx.pool().begin().await.unwrap();
+    let committed = tx
+        .emit_raw(&schemas, raw(&paid, "inv-2", json!({"n": 2})))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let relay = Relay::new(
+        ctx.pool().clone(),
+        ctx.js.clone(),
+        RelayConfig {
+            subjects: vec![paid.clone()],
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.claimed, 1);
+    assert_eq!(report.published, 1);
+    assert_eq!(relay.run_once().await.unwrap().claimed, 0);
+
+    let messages = ctx.read_stream().await;
+    assert_eq!(messages.len(), 1, "only the committed event reaches the stream");
+    let m = &messages[0];
+    assert_eq!(m.msg_id, committed.to_string());
+    assert_eq!(m.subject, paid);
+    assert_eq!(m.content_type, "application/cloudevents+json");
+    assert_eq!(m.envelope.id, committed);
+    assert_eq!(m.envelope.event_type, paid);
+    assert_eq!(m.envelope.source, "billing");
+    assert_eq!(m.envelope.subject, "inv-2");
+    assert_eq!(m.envelope.specversion, "1.0");
+    assert_eq!(m.envelope.datacontenttype, "application/json");
+    assert_eq!(m.envelope.data, json!({"n": 2}));
+    assert!(messages.iter().all(|m| m.envelope.id != rolled_back));
+
+    let published: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("select published_at from outbox_events where id = $1")
+            .bind(committed)
+            .fetch_one(ctx.pool())
+            .await
+            .unwrap();
+    assert!(published.is_some());
+    let rows: i64 = sqlx::query_scalar("select count(*) from outbox_events")
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "the rolled-back row does not exist");
+    ctx.delete_stream().await;
+}
+
+#[tokio::test]
+async fn the_running_relay_wakes_on_commit_and_stops_on_shutdown() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let created = ctx.event_type("billing.subscription.created");
+    let schemas = open_schemas(std::slice::from_ref(&created));
+    // A fallback poll far longer than the test: only the notification can wake the relay.
+    let relay = Relay::new(
+        ctx.pool().clone(),
+        ctx.js.clone(),
+        RelayConfig {
+            poll_interval: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let pool = ctx.pool().clone();
+    let running = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        relay
+    });
+    // Let the relay reach its wait (first empty batch, LISTEN in place) before emitting.
+    eventually(Duration::from_secs(10), "the relay listens", || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity where query ilike 'listen%' and datname = current_database()",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let mut tx = pool.begin().await.unwrap();
+        ids.push(
+            tx.emit_raw(&schemas, raw(&created, &format!("sub-{i}"), json!({"i": i})))
+                .await
+                .unwrap(),
+        );
+        tx.commit().await.unwrap();
+    }
+    eventually(Duration::from_secs(10), "three events published", || async {
+        ctx.db.unpublished().await == 0
+    })
+    .await;
+
+    stop.send(()).unwrap();
+    let relay = running.await.unwrap();
+    assert_eq!(relay.stats().published, 3);
+    let got: Vec<Uuid> = ctx
+        .read_stream()
+        .await
+        .iter()
+        .map(|m| m.envelope.id)
+        .collect();
+    assert_eq!(got, ids);
+    ctx.delete_stream().await;
+}
+
+#[tokio::test]
+async fn bad_payloads_and_unknown_types_are_refused_before_the_insert() {
+    let db = TestDb::new().await;
+    let schemas = Schemas::from_pairs([(
+        "billing.invoice.paid",
+        r#"{"type":"object","required":["invoice_id"],"properties":{"invoice_id":{"type":"string"},"amount":{"type":"integer","minimum":0}}}"#,
+    )])
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+
+    let err = tx
+        .emit_raw(
+            &schemas,
+            raw("billing.invoice.paid", "inv-1", json!({"amount": -3})),
+        )
+        .await
+        .unwrap_err();
+    match &err {
+        Error::InvalidPayload {
+            event_type,
+            violations,
+        } => {
+            assert_eq!(event_type, "billing.invoice.paid");
+            assert!(violations.iter().any(|v| v.keyword == "required"));
+            assert!(violations
+                .iter()
+                .any(|v| v.keyword == "minimum" && v.pointer == "/amount"));
+        }
+        other => panic!("expected InvalidPayload, got {other:?}"),
+    }
+
+    let err = tx
+        .emit_raw(&schemas, raw("billing.invoice.voided", "inv-1", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::UnknownEventType { event_type, known } if event_type == "billing.invoice.voided" && known == "billing.invoice.paid"),
+        "{err:?}"
+    );
+
+    // The transaction is still usable, and nothing was inserted.
+    tx.emit_raw(
+        &schemas,
+        raw("billing.invoice.paid", "inv-1", json!({"invoice_id": "inv-1"})),
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.unpublished().await, 1);
+}
+
+#[tokio::test]
+async fn a_missing_table_names_the_migration_to_run() {
+    let db = TestDb::empty().await;
+    let schemas = open_schemas(&["billing.invoice.paid".to_owned()]);
+    let mut conn = db.pool.acquire().await.unwrap();
+    let err = conn
+        .emit_raw(&schemas, raw("billing.invoice.paid", "inv-1", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::MissingTable { table: "outbox_events", migration: "0001_outbox_events.sql" }),
+        "{err:?}"
+    );
+    drop(conn);
+
+    let nats = common::connect_nats(&common::nats_url()).await;
+    let err = Relay::new(
+        db.pool.clone(),
+        async_nats::jetstream::new(nats),
+        RelayConfig::default(),
+    )
+    .await
+    .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, Error::MissingTable { .. }), "{err:?}");
+    assert!(message.contains("0001_outbox_events.sql"), "{message}");
+    assert!(message.contains("outbox migrate"), "{message}");
+}
+
+#[tokio::test]
+async fn unreachable_postgres_or_nats_at_start_is_a_clear_error() {
+    let dead_pg = format!("postgres://root:secret@127.0.0.1:{}/test", free_port());
+    let err = Relay::connect(&dead_pg, &common::nats_url(), RelayConfig::default())
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Unreachable {
+            service: "postgres",
+            target,
+            ..
+        } => assert!(!target.contains("secret"), "credentials leak: {target}"),
+        other => panic!("expected Unreachable postgres, got {other:?}"),
+    }
+    assert!(err.to_string().starts_with("cannot reach postgres at"), "{err}");
+
+    let dead_nats = format!("nats://127.0.0.1:{}", free_port());
+    let err = Relay::connect(&common::database_url(), &dead_nats, RelayConfig::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Unreachable { service: "nats", target, .. } if *target == dead_nats),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_relay_refuses_a_stream_that_does_not_fit() {
+    let ctx = Ctx::new().await;
+    let paid = ctx.event_type("billing.invoice.paid");
+    let config = RelayConfig {
+        subjects: vec![paid.clone()],
+        ..Default::default()
+    };
+
+    // No stream captures the subject.
+    let err = Relay::new(ctx.pool().clone(), ctx.js.clone(), config.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Stream { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!("no stream captures `{paid}`")),
+        "{err}"
+    );
+
+    // A stream whose duplicate window is shorter than the retry horizon (5 min 5 s).
+    let short = StreamSpec {
+        duplicate_window: Duration::from_secs(30),
+        ..ctx.stream_spec()
+    };
+    short.ensure(&ctx.js).await.unwrap();
+    let err = Relay::new(ctx.pool().clone(), ctx.js.clone(), config.clone())
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains(&ctx.stream_name()) && message.contains("duplicate window 30s"),
+        "{message}"
+    );
+
+    // With a shorter backoff ceiling the same stream fits.
+    Relay::new(
+        ctx.pool().clone(),
+        ctx.js.clone(),
+        RelayConfig {
+            backoff_max: Duration::from_secs(20),
+            ..config
+        },
+    )
+    .await
+    .unwrap();
+
+    // ensure() on the existing stream: matches its own spec, reports every difference otherwise.
+    short.ensure(&ctx.js).await.unwrap();
+    let err = StreamSpec {
+        storage: StorageType::File,
+        ..short.clone()
+    }
+    .ensure(&ctx.js)
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("storage is memory, expected file"),
+        "{err}"
+    );
+    ctx.delete_stream().await;
+}
+
+#[tokio::test]
+async fn an_unworkable_configuration_is_refused() {
+    let ctx = Ctx::new().await;
+    for config in [
+        RelayConfig {
+            batch_size: 0,
+            ..Default::default()
+        },
+        RelayConfig {
+            backoff_base: Duration::ZERO,
+            ..Default::default()
+        },
+        RelayConfig {
+            max_attempts: 0,
+            ..Default::default()
+        },
+        RelayConfig {
+            partitions: 0,
+            ..Default::default()
+        },
+    ] {
+        let err = Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+    }
+    let err = StreamSpec {
+        name: "bad.name".into(),
+        subjects: vec!["x.y".into()],
+        ..Default::default()
+    }
+    .ensure(&ctx.js)
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("invalid stream name"), "{err}");
+}
