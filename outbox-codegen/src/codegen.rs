@@ -231,7 +231,7 @@ impl Config {
         let mut code = String::new();
         let folders: Vec<String> = events
             .iter()
-            .filter_map(|e| e.path.parent().map(|p| p.display().to_string()))
+            .filter_map(|e| e.path.parent().and_then(|p| schema_attr_path(p).ok()))
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -266,22 +266,12 @@ impl Config {
                 ));
                 continue;
             }
-            let schema_path = match fs::canonicalize(&event.path) {
+            let schema_path = match schema_attr_path(&event.path) {
                 Ok(path) => path,
-                Err(source) => {
-                    errors.push(Error::Io {
-                        path: event.path.clone(),
-                        source,
-                    });
+                Err(e) => {
+                    errors.push(e);
                     continue;
                 }
-            };
-            let Some(schema_path) = schema_path.to_str() else {
-                errors.push(Error::Config(format!(
-                    "{}: the path is not UTF-8; move the schema folder to a UTF-8 path",
-                    schema_path.display()
-                )));
-                continue;
             };
             let event_type = &event.event_type;
             let consume_only = self.consumes.iter().any(|p| pattern_matches(p, event_type));
@@ -386,6 +376,31 @@ struct Generated {
     code: Result<String>,
     files: Vec<PathBuf>,
     event_types: Vec<String>,
+}
+
+/// How the generated code names a schema file or folder: relative to `CARGO_MANIFEST_DIR` when
+/// it is under it (the derive resolves relative paths against the same variable, and the
+/// generated code stays the same on every machine), absolute otherwise.
+fn schema_attr_path(path: &Path) -> Result<String> {
+    let absolute = fs::canonicalize(path).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let manifest_dir =
+        std::env::var_os("CARGO_MANIFEST_DIR").and_then(|dir| fs::canonicalize(dir).ok());
+    let shown = match manifest_dir
+        .as_deref()
+        .map(|dir| absolute.strip_prefix(dir))
+    {
+        Some(Ok(relative)) if !relative.as_os_str().is_empty() => relative.to_owned(),
+        _ => absolute.clone(),
+    };
+    shown.to_str().map(str::to_owned).ok_or_else(|| {
+        Error::Config(format!(
+            "{}: the path is not UTF-8; move the schema folder to a UTF-8 path",
+            absolute.display()
+        ))
+    })
 }
 
 fn write_if_changed(path: &Path, content: &str) -> Result<()> {
