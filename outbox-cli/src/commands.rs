@@ -1,0 +1,581 @@
+//! The subcommands.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use futures::StreamExt;
+use outbox_runtime::status::{Status, Unblock};
+use outbox_runtime::{RelayConfig, StreamSpec};
+use uuid::Uuid;
+
+use crate::connect::{self, DbArgs, NatsArgs};
+use crate::{CliError, Result};
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the outbox migrations (the outbox table and the consumer dedupe tables).
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Run the relay: publish committed events to JetStream until SIGINT/SIGTERM.
+    Relay(RelayArgs),
+    /// Show the backlog, the oldest unpublished event, attempts and capped rows.
+    ///
+    /// Exits 1 when a threshold given by --max-* is crossed, so it can back an alert.
+    Status(StatusArgs),
+    /// Lint a schemas folder with the codegen's rules and report every problem at once.
+    Check {
+        /// The schemas folder.
+        #[arg(default_value = "schemas/events")]
+        dir: PathBuf,
+    },
+    /// Print the Rust the build script would generate for a schemas folder.
+    Gen {
+        /// The schemas folder.
+        #[arg(default_value = "schemas/events")]
+        dir: PathBuf,
+        /// The service name (the envelopes' `source`).
+        #[arg(long, default_value = "service")]
+        source: String,
+        /// Event types this service only consumes (NATS-style patterns, repeatable).
+        #[arg(long)]
+        consumes: Vec<String>,
+    },
+    /// Follow events on the stream and print their envelopes.
+    Tail(TailArgs),
+    /// Let capped rows publish again (attempts reset to 0, same id).
+    Unblock(UnblockArgs),
+    /// Delete published rows (and consumer dedupe rows) past their retention.
+    Prune(PruneArgs),
+    /// Manage the JetStream stream the relay publishes to.
+    #[command(subcommand)]
+    Stream(StreamCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    #[command(flatten)]
+    nats: NatsArgs,
+    /// Rows claimed per transaction.
+    #[arg(long, default_value_t = RelayConfig::default().batch_size)]
+    batch_size: usize,
+    /// Publish attempts after which a row is left alone until unblocked.
+    #[arg(long, default_value_t = RelayConfig::default().max_attempts)]
+    max_attempts: i32,
+    /// First backoff after a failure, in seconds (doubles per failure).
+    #[arg(long, default_value_t = RelayConfig::default().backoff_base.as_secs_f64())]
+    backoff_base: f64,
+    /// Backoff ceiling, in seconds.
+    #[arg(long, default_value_t = RelayConfig::default().backoff_max.as_secs_f64())]
+    backoff_max: f64,
+    /// Fallback poll interval, in seconds (the relay also wakes on every commit).
+    #[arg(long, default_value_t = RelayConfig::default().poll_interval.as_secs_f64())]
+    poll_interval: f64,
+    /// Deadline for a batch's acks, in seconds.
+    #[arg(long, default_value_t = RelayConfig::default().ack_timeout.as_secs_f64())]
+    ack_timeout: f64,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9187).
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Event types the relay must be able to publish: at start it checks that a stream
+    /// captures each and that its duplicate window covers the retry horizon (repeatable).
+    #[arg(long)]
+    subject: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The relay's attempt cap (rows at or past it count as capped).
+    #[arg(long, default_value_t = RelayConfig::default().max_attempts)]
+    max_attempts: i32,
+    /// Exit 1 when the oldest unpublished event is older than this many seconds.
+    #[arg(long)]
+    max_age: Option<f64>,
+    /// Exit 1 when more rows than this are unpublished.
+    #[arg(long)]
+    max_backlog: Option<i64>,
+    /// Exit 1 when more rows than this are at the attempt cap.
+    #[arg(long)]
+    max_at_cap: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+pub struct TailArgs {
+    #[command(flatten)]
+    nats: NatsArgs,
+    /// Subjects (event types or wildcards) to follow.
+    #[arg(required = true)]
+    subjects: Vec<String>,
+    /// The stream to read (default: the one that captures the first subject).
+    #[arg(long)]
+    stream: Option<String>,
+    /// Start from the first stored event instead of new ones.
+    #[arg(long)]
+    all: bool,
+    /// Stop after this many events.
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "event_type", "subject", "all"])))]
+pub struct UnblockArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Event ids to unblock (repeatable).
+    #[arg(long)]
+    id: Vec<Uuid>,
+    /// Every capped row of this event type.
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Every capped row of this subject.
+    #[arg(long)]
+    subject: Option<String>,
+    /// Every capped row.
+    #[arg(long)]
+    all: bool,
+    /// The relay's attempt cap.
+    #[arg(long, default_value_t = RelayConfig::default().max_attempts)]
+    max_attempts: i32,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Keep published rows this many hours.
+    #[arg(long, default_value_t = 168.0)]
+    keep_hours: f64,
+    /// Keep consumer dedupe rows this many hours (omit to leave them).
+    #[arg(long)]
+    keep_dedupe_hours: Option<f64>,
+    /// Rows per delete statement.
+    #[arg(long, default_value_t = 1000)]
+    batch_size: i64,
+    /// Only count what would be deleted.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StreamCommand {
+    /// Create the stream, or check that an existing one matches.
+    Ensure {
+        #[command(flatten)]
+        nats: NatsArgs,
+        /// Stream name.
+        #[arg(long, default_value = "OUTBOX")]
+        name: String,
+        /// Subjects it captures (event types or wildcards such as `billing.>`; repeatable).
+        #[arg(long = "subject", required = true)]
+        subjects: Vec<String>,
+        /// Duplicate window in seconds; must cover the relay's retry horizon.
+        #[arg(long, default_value_t = StreamSpec::default().duplicate_window.as_secs())]
+        duplicate_window: u64,
+        /// Keep messages in memory instead of files.
+        #[arg(long)]
+        memory: bool,
+    },
+}
+
+fn secs(s: f64, flag: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|_| {
+        CliError::msg(format!(
+            "--{flag} must be a non-negative number of seconds, got {s}"
+        ))
+    })
+}
+
+pub async fn run(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Migrate { db } => {
+            let pool = connect::pool(&db, 1).await?;
+            outbox_runtime::migrate(&pool).await?;
+            let applied: Vec<(i64, String)> = sqlx::query_as(
+                "select version, description from _sqlx_migrations order by version",
+            )
+            .fetch_all(&pool)
+            .await
+            .map_err(|e| CliError::msg(e.to_string()))?;
+            for (version, description) in applied {
+                println!("applied {version:04} {description}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Relay(args) => relay(args).await,
+        Command::Status(args) => status(args).await,
+        Command::Check { dir } => Ok(check(&dir)),
+        Command::Gen {
+            dir,
+            source,
+            consumes,
+        } => {
+            let code = outbox_codegen::Config::new()
+                .source(source)
+                .consumes(consumes)
+                .generate(&dir)
+                .map_err(|e| CliError::msg(e.to_string()))?;
+            print!("{code}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Tail(args) => tail(args).await,
+        Command::Unblock(args) => {
+            let pool = connect::pool(&args.db, 1).await?;
+            let which = if !args.id.is_empty() {
+                Unblock::Ids(args.id)
+            } else if let Some(t) = args.event_type {
+                Unblock::EventType(t)
+            } else if let Some(s) = args.subject {
+                Unblock::Subject(s)
+            } else {
+                Unblock::All
+            };
+            let ids = outbox_runtime::status::unblock(&pool, &which, args.max_attempts).await?;
+            for id in &ids {
+                println!("unblocked {id}");
+            }
+            println!("{} row(s) will be published again", ids.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Prune(args) => prune(args).await,
+        Command::Stream(StreamCommand::Ensure {
+            nats,
+            name,
+            subjects,
+            duplicate_window,
+            memory,
+        }) => {
+            let js = connect::jetstream(&nats).await?;
+            let spec = StreamSpec {
+                name,
+                subjects,
+                duplicate_window: Duration::from_secs(duplicate_window),
+                storage: if memory {
+                    outbox_runtime::StorageType::Memory
+                } else {
+                    outbox_runtime::StorageType::File
+                },
+                ..StreamSpec::default()
+            };
+            let info = spec.ensure(&js).await?;
+            println!(
+                "stream {} ok: subjects {}, duplicate window {}s, {} message(s)",
+                info.config.name,
+                info.config.subjects.join(", "),
+                info.config.duplicate_window.as_secs(),
+                info.state.messages
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn check(dir: &std::path::Path) -> ExitCode {
+    let problems = outbox_codegen::check(dir);
+    if problems.is_empty() {
+        println!("{}: ok", dir.display());
+        return ExitCode::SUCCESS;
+    }
+    for p in &problems {
+        println!("{p}");
+    }
+    println!("{} problem(s) in {}", problems.len(), dir.display());
+    ExitCode::from(1)
+}
+
+async fn status(args: StatusArgs) -> Result<ExitCode> {
+    let pool = connect::pool(&args.db, 1).await?;
+    let s = outbox_runtime::status::status(&pool, args.max_attempts).await?;
+    let mut crossed = Vec::new();
+    if let (Some(max), Some(age)) = (args.max_age, s.oldest_unpublished_age) {
+        if age.as_secs_f64() > max {
+            crossed.push(format!(
+                "oldest unpublished event is {:.1}s old (max {max}s)",
+                age.as_secs_f64()
+            ));
+        }
+    }
+    if let Some(max) = args.max_backlog.filter(|m| s.unpublished > *m) {
+        crossed.push(format!("{} unpublished (max {max})", s.unpublished));
+    }
+    if let Some(max) = args.max_at_cap.filter(|m| s.at_cap > *m) {
+        crossed.push(format!(
+            "{} row(s) at the attempt cap (max {max})",
+            s.at_cap
+        ));
+    }
+    if args.json {
+        let mut v = serde_json::to_value(&s).map_err(|e| CliError::msg(e.to_string()))?;
+        v["thresholds_crossed"] = serde_json::json!(crossed);
+        println!("{v:#}");
+    } else {
+        print!("{}", render_status(&s));
+        for c in &crossed {
+            println!("THRESHOLD: {c}");
+        }
+    }
+    Ok(if crossed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn age(d: Option<Duration>) -> String {
+    match d {
+        None => "-".into(),
+        Some(d) if d.as_secs() >= 3600 => format!("{:.1}h", d.as_secs_f64() / 3600.0),
+        Some(d) if d.as_secs() >= 60 => format!("{:.1}m", d.as_secs_f64() / 60.0),
+        Some(d) => format!("{:.1}s", d.as_secs_f64()),
+    }
+}
+
+fn render_status(s: &Status) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "unpublished          {}", s.unpublished);
+    let _ = writeln!(
+        out,
+        "oldest unpublished   {}",
+        age(s.oldest_unpublished_age)
+    );
+    let _ = writeln!(out, "at attempt cap ({})  {}", s.max_attempts, s.at_cap);
+    let attempts: Vec<String> = s.attempts.iter().map(|(a, n)| format!("{a}:{n}")).collect();
+    let _ = writeln!(
+        out,
+        "attempts             {}",
+        if attempts.is_empty() {
+            "-".into()
+        } else {
+            attempts.join("  ")
+        }
+    );
+    if !s.by_type.is_empty() {
+        let width = s
+            .by_type
+            .iter()
+            .map(|t| t.event_type.len())
+            .max()
+            .unwrap_or(10)
+            .max(10);
+        let _ = writeln!(
+            out,
+            "\n{:<width$}  {:>11}  {:>8}  {:>6}",
+            "event type", "unpublished", "oldest", "at cap"
+        );
+        for t in &s.by_type {
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:>11}  {:>8}  {:>6}",
+                t.event_type,
+                t.unpublished,
+                age(t.oldest_unpublished_age),
+                t.at_cap
+            );
+        }
+    }
+    out
+}
+
+async fn prune(args: PruneArgs) -> Result<ExitCode> {
+    let pool = connect::pool(&args.db, 1).await?;
+    let keep = Duration::try_from_secs_f64(args.keep_hours * 3600.0)
+        .map_err(|_| CliError::msg("--keep-hours must be a non-negative number"))?;
+    if args.dry_run {
+        let n = outbox_runtime::retention::count_prunable(&pool, keep).await?;
+        println!(
+            "would delete {n} published row(s) older than {}h (dry run)",
+            args.keep_hours
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let n = outbox_runtime::retention::prune_published(&pool, keep, args.batch_size).await?;
+    println!(
+        "deleted {n} published row(s) older than {}h",
+        args.keep_hours
+    );
+    if let Some(h) = args.keep_dedupe_hours {
+        let keep = Duration::try_from_secs_f64(h * 3600.0)
+            .map_err(|_| CliError::msg("--keep-dedupe-hours must be a non-negative number"))?;
+        let n = outbox_runtime::retention::prune_dedupe(&pool, keep, args.batch_size).await?;
+        println!("deleted {n} dedupe row(s) older than {h}h");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn tail(args: TailArgs) -> Result<ExitCode> {
+    use async_nats::jetstream::consumer::{pull, DeliverPolicy};
+    let js = connect::jetstream(&args.nats).await?;
+    let stream_name = match args.stream {
+        Some(s) => s,
+        None => js
+            .stream_by_subject(args.subjects[0].clone())
+            .await
+            .map_err(|e| {
+                CliError::msg(format!(
+                    "no stream captures `{}` ({e}); pass --stream or create one with `outbox stream ensure`",
+                    args.subjects[0]
+                ))
+            })?,
+    };
+    let stream = js
+        .get_stream(&stream_name)
+        .await
+        .map_err(|e| CliError::msg(format!("cannot open stream `{stream_name}`: {e}")))?;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subjects: args.subjects.clone(),
+            deliver_policy: if args.all {
+                DeliverPolicy::All
+            } else {
+                DeliverPolicy::New
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| CliError::msg(format!("cannot follow `{stream_name}`: {e}")))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| CliError::msg(format!("cannot follow `{stream_name}`: {e}")))?;
+    eprintln!(
+        "following {} on stream {stream_name} (Ctrl-C to stop)",
+        args.subjects.join(", ")
+    );
+    let mut seen = 0u64;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let next = tokio::select! {
+            _ = &mut ctrl_c => break,
+            next = messages.next() => next,
+        };
+        let Some(message) = next else { break };
+        let message = message.map_err(|e| CliError::msg(format!("stream error: {e}")))?;
+        println!("{}", render_envelope(&message.subject, &message.payload));
+        seen += 1;
+        if args.count.is_some_and(|c| seen >= c) {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render_envelope(subject: &str, payload: &[u8]) -> String {
+    match serde_json::from_slice::<outbox_runtime::Envelope>(payload) {
+        Ok(e) => format!(
+            "{} {} id={} source={} subject={}\n  {}",
+            e.time.to_rfc3339(),
+            e.event_type,
+            e.id,
+            e.source,
+            e.subject,
+            serde_json::to_string(&e.data).unwrap_or_default()
+        ),
+        Err(err) => format!(
+            "{subject}: not a CloudEvents envelope ({err}): {}",
+            String::from_utf8_lossy(payload)
+        ),
+    }
+}
+
+async fn relay(args: RelayArgs) -> Result<ExitCode> {
+    let config = RelayConfig {
+        batch_size: args.batch_size,
+        max_attempts: args.max_attempts,
+        backoff_base: secs(args.backoff_base, "backoff-base")?,
+        backoff_max: secs(args.backoff_max, "backoff-max")?,
+        poll_interval: secs(args.poll_interval, "poll-interval")?,
+        ack_timeout: secs(args.ack_timeout, "ack-timeout")?,
+        subjects: args.subject,
+        ..RelayConfig::default()
+    };
+    if let Some(addr) = args.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| CliError::msg(format!("cannot serve metrics on {addr}: {e}")))?;
+        tracing::info!(%addr, "serving Prometheus metrics");
+    }
+    let pool = connect::pool(&args.db, 4).await?;
+    let js = connect::jetstream(&args.nats).await?;
+    let relay = outbox_runtime::Relay::new(pool.clone(), js, config).await?;
+    let shutdown = async {
+        shutdown_signal().await;
+        tracing::info!("stopping: finishing the batch in progress");
+    };
+    tokio::select! {
+        result = relay.run(shutdown) => result?,
+        _ = progress(&relay, &pool) => {}
+    }
+    eprintln!();
+    tracing::info!("relay stopped cleanly");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Once a second on a terminal (every 10 s as a log line otherwise): published/s, backlog and
+/// the oldest unpublished age. Never returns.
+async fn progress(relay: &outbox_runtime::Relay, pool: &sqlx::PgPool) {
+    let tty = std::io::stderr().is_terminal();
+    let every = if tty {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(10)
+    };
+    let mut last = (std::time::Instant::now(), relay.stats().published);
+    loop {
+        tokio::time::sleep(every).await;
+        let max_attempts = relay.config().max_attempts;
+        let Ok(s) = outbox_runtime::status::record_gauges(pool, max_attempts).await else {
+            continue;
+        };
+        let (now, published) = (std::time::Instant::now(), relay.stats().published);
+        let rate =
+            published.saturating_sub(last.1) as f64 / now.duration_since(last.0).as_secs_f64();
+        last = (now, published);
+        let line = format!(
+            "published/s {rate:>8.0}   backlog {:>8}   oldest unpublished {:>7}   at cap {}",
+            s.unpublished,
+            age(s.oldest_unpublished_age),
+            s.at_cap
+        );
+        if tty {
+            eprint!("\r{line}");
+        } else {
+            tracing::info!("{line}");
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! Connecting to Postgres and NATS for real deployments, without ever printing a secret.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+use crate::{CliError, Result};
+
+/// Postgres connection (TLS through the URL's `sslmode`, e.g. `?sslmode=verify-full&sslrootcert=ca.pem`).
+#[derive(Debug, Args)]
+pub struct DbArgs {
+    /// Postgres URL of the service's database.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://root@127.0.0.1/test",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+}
+
+/// NATS connection and credentials. Every secret may come from the environment.
+#[derive(Debug, Args)]
+pub struct NatsArgs {
+    /// NATS server URL(s), comma separated.
+    #[arg(
+        long,
+        env = "NATS_URL",
+        default_value = "nats://127.0.0.1:4222",
+        hide_env_values = true
+    )]
+    pub nats_url: String,
+    /// A `.creds` file (JWT and nkey seed), as issued by an operator.
+    #[arg(long, env = "NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    /// An nkey seed (`SU...`).
+    #[arg(long, env = "NATS_NKEY", hide_env_values = true)]
+    pub nats_nkey: Option<String>,
+    /// User name (with --nats-password).
+    #[arg(long, env = "NATS_USER", requires = "nats_password")]
+    pub nats_user: Option<String>,
+    /// Password (with --nats-user).
+    #[arg(
+        long,
+        env = "NATS_PASSWORD",
+        hide_env_values = true,
+        requires = "nats_user"
+    )]
+    pub nats_password: Option<String>,
+    /// An authentication token.
+    #[arg(long, env = "NATS_TOKEN", hide_env_values = true)]
+    pub nats_token: Option<String>,
+    /// Require TLS even when the URL is `nats://`.
+    #[arg(long, env = "NATS_TLS_REQUIRED")]
+    pub nats_tls_required: bool,
+    /// CA certificate (PEM) to verify the server.
+    #[arg(long, env = "NATS_TLS_CA")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM), with --nats-tls-key.
+    #[arg(long, env = "NATS_TLS_CERT", requires = "nats_tls_key")]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// Client key (PEM), with --nats-tls-cert.
+    #[arg(long, env = "NATS_TLS_KEY", requires = "nats_tls_cert")]
+    pub nats_tls_key: Option<PathBuf>,
+}
+
+/// A URL with its password (and any `password=` query value) replaced by `***`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None if scheme.starts_with("nats") || scheme == "tls" => format!("***@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = tail
+        .split('&')
+        .map(|part| match part.split_once("password=") {
+            Some((head, _)) => format!("{head}password=***"),
+            None => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    format!("{scheme}://{authority}{tail}")
+}
+
+/// Connects a small pool; errors name the redacted URL and how to start a local Postgres.
+pub async fn pool(args: &DbArgs, max: u32) -> Result<PgPool> {
+    let options: PgConnectOptions = args.database_url.parse().map_err(|e| {
+        CliError::msg(format!(
+            "DATABASE_URL `{}` is not a Postgres URL: {e}",
+            redact(&args.database_url)
+        ))
+    })?;
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+        .map_err(|e| {
+            CliError::msg(format!(
+                "cannot connect to Postgres at {}: {}; is it running? (`scripts/services` starts a local one)",
+                redact(&args.database_url),
+                redact_error(&e.to_string(), &args.database_url)
+            ))
+        })
+}
+
+/// Connects to NATS with the given credentials and returns a JetStream context.
+pub async fn jetstream(args: &NatsArgs) -> Result<async_nats::jetstream::Context> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name("outbox")
+        .connection_timeout(Duration::from_secs(5));
+    if let Some(path) = &args.nats_creds {
+        options = options.credentials_file(path).await.map_err(|e| {
+            CliError::msg(format!(
+                "cannot read NATS credentials file {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    if let Some(seed) = &args.nats_nkey {
+        options = options.nkey(seed.clone());
+    }
+    if let (Some(user), Some(password)) = (&args.nats_user, &args.nats_password) {
+        options = options.user_and_password(user.clone(), password.clone());
+    }
+    if let Some(token) = &args.nats_token {
+        options = options.token(token.clone());
+    }
+    if args.nats_tls_required {
+        options = options.require_tls(true);
+    }
+    if let Some(ca) = &args.nats_tls_ca {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&args.nats_tls_cert, &args.nats_tls_key) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    let client = options.connect(args.nats_url.as_str()).await.map_err(|e| {
+        CliError::msg(format!(
+            "cannot connect to NATS at {}: {e}; is nats-server running with JetStream? (`scripts/services` starts a local one)",
+            redact(&args.nats_url)
+        ))
+    })?;
+    Ok(async_nats::jetstream::new(client))
+}
+
+/// Removes a URL's password from an error text that may quote it.
+pub fn redact_error(text: &str, url: &str) -> String {
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?']).next())
+        .and_then(|auth| auth.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, p)| p)
+        .filter(|p| !p.is_empty());
+    match password {
+        Some(p) => text.replace(p, "***"),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact("postgres://app:s3cret@db.internal:5432/billing?sslmode=require"),
+            "postgres://app:***@db.internal:5432/billing?sslmode=require"
+        );
+        assert_eq!(
+            redact("postgres://app@db/billing?password=s3cret&sslmode=verify-full"),
+            "postgres://app@db/billing?password=***&sslmode=verify-full"
+        );
+        assert_eq!(
+            redact("nats://tok3n@127.0.0.1:4222"),
+            "nats://***@127.0.0.1:4222"
+        );
+        assert_eq!(
+            redact("nats://u:p@127.0.0.1:4222"),
+            "nats://u:***@127.0.0.1:4222"
+        );
+        assert_eq!(
+            redact("postgres://root@127.0.0.1/test"),
+            "postgres://root@127.0.0.1/test"
+        );
+        assert_eq!(
+            redact_error(
+                "password authentication failed: s3cret",
+                "postgres://a:s3cret@h/db"
+            ),
+            "password authentication failed: ***"
+        );
+    }
+}
