@@ -260,10 +260,9 @@ pub async fn check_captures<S: AsRef<str>>(
         let subject = subject.as_ref();
         match jetstream.stream_by_subject(subject).await {
             Ok(name) => {
-                if !found.contains_key(&name) {
-                    let mut s = jetstream.get_stream(&name).await.map_err(Error::nats)?;
-                    let info = s.info().await.map_err(Error::nats)?.clone();
-                    found.insert(name, info);
+                if let std::collections::btree_map::Entry::Vacant(slot) = found.entry(name) {
+                    let mut s = jetstream.get_stream(slot.key()).await.map_err(Error::nats)?;
+                    slot.insert(s.info().await.map_err(Error::nats)?.clone());
                 }
             }
             Err(e) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => {

@@ -59,7 +59,11 @@ async fn a_committed_event_is_published_and_a_rolled_back_one_never_is() {
     assert_eq!(relay.run_once().await.unwrap().claimed, 0);
 
     let messages = ctx.read_stream().await;
-    assert_eq!(messages.len(), 1, "only the committed event reaches the stream");
+    assert_eq!(
+        messages.len(),
+        1,
+        "only the committed event reaches the stream"
+    );
     let m = &messages[0];
     assert_eq!(m.msg_id, committed.to_string());
     assert_eq!(m.subject, paid);
@@ -132,15 +136,20 @@ async fn the_running_relay_wakes_on_commit_and_stops_on_shutdown() {
     for i in 0..3 {
         let mut tx = pool.begin().await.unwrap();
         ids.push(
-            tx.emit_raw(&schemas, raw(&created, &format!("sub-{i}"), json!({"i": i})))
-                .await
-                .unwrap(),
+            tx.emit_raw(
+                &schemas,
+                raw(&created, &format!("sub-{i}"), json!({"i": i})),
+            )
+            .await
+            .unwrap(),
         );
         tx.commit().await.unwrap();
     }
-    eventually(Duration::from_secs(10), "three events published", || async {
-        ctx.db.unpublished().await == 0
-    })
+    eventually(
+        Duration::from_secs(10),
+        "three events published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
     .await;
 
     stop.send(()).unwrap();
@@ -199,7 +208,11 @@ async fn bad_payloads_and_unknown_types_are_refused_before_the_insert() {
     // The transaction is still usable, and nothing was inserted.
     tx.emit_raw(
         &schemas,
-        raw("billing.invoice.paid", "inv-1", json!({"invoice_id": "inv-1"})),
+        raw(
+            "billing.invoice.paid",
+            "inv-1",
+            json!({"invoice_id": "inv-1"}),
+        ),
     )
     .await
     .unwrap();
@@ -217,7 +230,13 @@ async fn a_missing_table_names_the_migration_to_run() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, Error::MissingTable { table: "outbox_events", migration: "0001_outbox_events.sql" }),
+        matches!(
+            err,
+            Error::MissingTable {
+                table: "outbox_events",
+                migration: "0001_outbox_events.sql"
+            }
+        ),
         "{err:?}"
     );
     drop(conn);
@@ -250,7 +269,10 @@ async fn unreachable_postgres_or_nats_at_start_is_a_clear_error() {
         } => assert!(!target.contains("secret"), "credentials leak: {target}"),
         other => panic!("expected Unreachable postgres, got {other:?}"),
     }
-    assert!(err.to_string().starts_with("cannot reach postgres at"), "{err}");
+    assert!(
+        err.to_string().starts_with("cannot reach postgres at"),
+        "{err}"
+    );
 
     let dead_nats = format!("nats://127.0.0.1:{}", free_port());
     let err = Relay::connect(&common::database_url(), &dead_nats, RelayConfig::default())
@@ -277,7 +299,8 @@ async fn the_relay_refuses_a_stream_that_does_not_fit() {
         .unwrap_err();
     assert!(matches!(err, Error::Stream { .. }), "{err:?}");
     assert!(
-        err.to_string().contains(&format!("no stream captures `{paid}`")),
+        err.to_string()
+            .contains(&format!("no stream captures `{paid}`")),
         "{err}"
     );
 
@@ -318,8 +341,7 @@ async fn the_relay_refuses_a_stream_that_does_not_fit() {
     .await
     .unwrap_err();
     assert!(
-        err.to_string()
-            .contains("storage is memory, expected file"),
+        err.to_string().contains("storage is memory, expected file"),
         "{err}"
     );
     ctx.delete_stream().await;

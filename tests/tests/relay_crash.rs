@@ -66,6 +66,8 @@ async fn a_relay_killed_between_publish_and_mark_loses_nothing() {
     let messages = ctx.read_stream().await;
     let stored: Vec<Uuid> = messages.iter().map(|m| m.envelope.id).collect();
     assert_eq!(stored, ids, "each event stored once, in order");
-    assert!(messages.iter().all(|m| m.msg_id == m.envelope.id.to_string()));
+    assert!(messages
+        .iter()
+        .all(|m| m.msg_id == m.envelope.id.to_string()));
     ctx.delete_stream().await;
 }

@@ -92,11 +92,16 @@ async fn a_broker_outage_backs_off_and_drains_in_order_after_restart() {
     };
     for n in 0..8 {
         let subject = format!("inv-{}", n % 4);
-        expected.entry(subject.clone()).or_default().push(emit(subject, n).await);
+        expected
+            .entry(subject.clone())
+            .or_default()
+            .push(emit(subject, n).await);
     }
-    eventually(Duration::from_secs(20), "the first events published", || async {
-        ctx.db.unpublished().await == 0
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the first events published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
     .await;
     let before = relay.stats();
     assert_eq!(before.failed, 0);
@@ -105,23 +110,35 @@ async fn a_broker_outage_backs_off_and_drains_in_order_after_restart() {
     let stopped_at = Instant::now();
     for n in 8..58 {
         let subject = format!("inv-{}", n % 10);
-        expected.entry(subject.clone()).or_default().push(emit(subject, n).await);
+        expected
+            .entry(subject.clone())
+            .or_default()
+            .push(emit(subject, n).await);
     }
-    eventually(Duration::from_secs(30), "attempts grow while the broker is down", || async {
-        sqlx::query_scalar::<_, i32>("select coalesce(max(attempts), 0) from outbox_events")
-            .fetch_one(ctx.pool())
-            .await
-            .unwrap()
-            >= 3
-    })
+    eventually(
+        Duration::from_secs(30),
+        "attempts grow while the broker is down",
+        || async {
+            sqlx::query_scalar::<_, i32>("select coalesce(max(attempts), 0) from outbox_events")
+                .fetch_one(ctx.pool())
+                .await
+                .unwrap()
+                >= 3
+        },
+    )
     .await;
     tokio::time::sleep_until(stopped_at + Duration::from_secs(4)).await;
-    assert!(ctx.db.unpublished().await > 0, "nothing is published while the broker is down");
+    assert!(
+        ctx.db.unpublished().await > 0,
+        "nothing is published while the broker is down"
+    );
 
     server.start().await;
-    eventually(Duration::from_secs(60), "everything drains after the restart", || async {
-        ctx.db.unpublished().await == 0
-    })
+    eventually(
+        Duration::from_secs(60),
+        "everything drains after the restart",
+        || async { ctx.db.unpublished().await == 0 },
+    )
     .await;
     let window = stopped_at.elapsed();
     stop.send(()).unwrap();
@@ -136,7 +153,10 @@ async fn a_broker_outage_backs_off_and_drains_in_order_after_restart() {
     .unwrap();
     let total: i64 = per_subject.iter().map(|(_, n)| n).sum();
     let stats = relay.stats();
-    assert_eq!(total as u64, stats.failed, "every failed publish counted once on its row");
+    assert_eq!(
+        total as u64, stats.failed,
+        "every failed publish counted once on its row"
+    );
     let bound = max_attempts_within(&config, window);
     eprintln!(
         "outage window {window:?}: {total} failed attempts over {} subjects, at most {bound} per subject by the schedule; per subject {per_subject:?}",
@@ -152,10 +172,16 @@ async fn a_broker_outage_backs_off_and_drains_in_order_after_restart() {
 
     let messages = ctx.read_stream().await;
     let total_events: usize = expected.values().map(Vec::len).sum();
-    assert_eq!(messages.len(), total_events, "every event stored exactly once");
+    assert_eq!(
+        messages.len(),
+        total_events,
+        "every event stored exactly once"
+    );
     let mut seen: HashMap<String, Vec<Uuid>> = HashMap::new();
     for m in &messages {
-        seen.entry(m.envelope.subject.clone()).or_default().push(m.envelope.id);
+        seen.entry(m.envelope.subject.clone())
+            .or_default()
+            .push(m.envelope.id);
     }
     assert_eq!(seen, expected, "each subject in created_at order");
 }

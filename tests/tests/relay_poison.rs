@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{eventually, open_schemas, unique_token, Ctx};
-use outbox_runtime::{EmitExt, RawEvent, Relay, RelayConfig, StreamSpec, StorageType};
+use outbox_runtime::{EmitExt, RawEvent, Relay, RelayConfig, StorageType, StreamSpec};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -51,7 +51,13 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
     let orphan = format!("{orphan_prefix}.billing.invoice.paid");
 
     let max_payload = ctx.client.server_info().max_payload;
-    let too_big = emit(&pool, &paid, "inv-big", json!({ "blob": "x".repeat(max_payload + 1) })).await;
+    let too_big = emit(
+        &pool,
+        &paid,
+        "inv-big",
+        json!({ "blob": "x".repeat(max_payload + 1) }),
+    )
+    .await;
     let after_big = emit(&pool, &paid, "inv-big", json!({ "n": 2 })).await;
     let no_stream = emit(&pool, &orphan, "inv-orphan", json!({ "n": 1 })).await;
     let after_no_stream = emit(&pool, &orphan, "inv-orphan", json!({ "n": 2 })).await;
@@ -78,7 +84,10 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
     assert_eq!(report.claimed, 14);
     assert_eq!(report.published, 10);
     assert_eq!(report.failed, 2);
-    assert_eq!(report.skipped, 2, "the followers of the refused events wait");
+    assert_eq!(
+        report.skipped, 2,
+        "the followers of the refused events wait"
+    );
     assert_eq!(attempts(&pool, too_big).await, (1, false));
     assert_eq!(attempts(&pool, no_stream).await, (1, false));
     assert_eq!(attempts(&pool, after_big).await, (0, false));
@@ -90,7 +99,11 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
         patient.backed_off(),
         [("inv-big".to_owned(), 1), ("inv-orphan".to_owned(), 1)]
     );
-    assert_eq!(patient.run_once().await.unwrap().claimed, 0, "backed-off subjects are not claimed");
+    assert_eq!(
+        patient.run_once().await.unwrap().claimed,
+        0,
+        "backed-off subjects are not claimed"
+    );
 
     // Phase 2: a relay with a short backoff retries them up to the cap, while other subjects
     // keep flowing.
@@ -120,14 +133,20 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
                 .await
         })
     };
-    eventually(Duration::from_secs(30), "both refused events at the cap", || async {
-        attempts(&pool, too_big).await.0 == 3 && attempts(&pool, no_stream).await.0 == 3
-    })
+    eventually(
+        Duration::from_secs(30),
+        "both refused events at the cap",
+        || async {
+            attempts(&pool, too_big).await.0 == 3 && attempts(&pool, no_stream).await.0 == 3
+        },
+    )
     .await;
     let late = emit(&pool, &paid, "inv-late", json!({ "n": 99 })).await;
-    eventually(Duration::from_secs(30), "a later event of another subject is published", || async {
-        attempts(&pool, late).await.1
-    })
+    eventually(
+        Duration::from_secs(30),
+        "a later event of another subject is published",
+        || async { attempts(&pool, late).await.1 },
+    )
     .await;
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
@@ -140,7 +159,11 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
     assert_eq!(attempts(&pool, after_big).await, (0, false));
     assert_eq!(attempts(&pool, after_no_stream).await, (0, false));
     assert_eq!(relay.stats().capped, 2);
-    assert_eq!(relay.stats().failed, 4, "two retries each after the first relay's attempt");
+    assert_eq!(
+        relay.stats().failed,
+        4,
+        "two retries each after the first relay's attempt"
+    );
     let capped: Vec<Uuid> = relay.capped().await.unwrap().iter().map(|c| c.id).collect();
     assert_eq!(capped, [too_big, no_stream]);
 

@@ -74,9 +74,11 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
         tx.commit().await.unwrap();
     }
 
-    eventually(Duration::from_secs(300), "every event published", || async {
-        ctx.db.unpublished().await == 0
-    })
+    eventually(
+        Duration::from_secs(300),
+        "every event published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
     .await;
     stop.send(true).unwrap();
     let mut published_by = Vec::new();

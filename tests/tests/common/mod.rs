@@ -76,7 +76,9 @@ impl TestDb {
         let url = database_url();
         let admin = PgConnectOptions::from_str(&url).expect("DATABASE_URL is a postgres URL");
         let mut conn = admin.connect().await.unwrap_or_else(|e| {
-            panic!("cannot connect to Postgres at {url}: {e}; {START_SERVICES} (or set DATABASE_URL)")
+            panic!(
+                "cannot connect to Postgres at {url}: {e}; {START_SERVICES} (or set DATABASE_URL)"
+            )
         });
         let name = format!("outbox_{}", unique_token());
         sqlx::query(&format!("create database {name}"))
