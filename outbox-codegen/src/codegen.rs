@@ -85,11 +85,21 @@ impl Config {
     /// Every problem of every schema ([`Error::Many`] when there are several), an invalid
     /// setting, or a failure to write the output.
     pub fn compile(&self, dir: impl AsRef<Path>) -> Result<()> {
-        let dir = dir.as_ref();
-        println!("cargo:rerun-if-changed={}", dir.display());
+        self.compile_to(dir.as_ref(), &mut std::io::stdout().lock())
+    }
+
+    /// [`Config::compile`], with the instructions to cargo written to `cargo`.
+    fn compile_to(&self, dir: &Path, cargo: &mut dyn std::io::Write) -> Result<()> {
+        let say = |cargo: &mut dyn std::io::Write, line: String| {
+            writeln!(cargo, "{line}").map_err(|source| Error::Io {
+                path: PathBuf::from("<stdout>"),
+                source,
+            })
+        };
+        say(cargo, format!("cargo:rerun-if-changed={}", dir.display()))?;
         let generated = self.build(dir);
         for file in &generated.files {
-            println!("cargo:rerun-if-changed={}", file.display());
+            say(cargo, format!("cargo:rerun-if-changed={}", file.display()))?;
         }
         let code = generated.code?;
         for pattern in &self.consumes {
@@ -98,10 +108,13 @@ impl Config {
                 .iter()
                 .any(|t| pattern_matches(pattern, t))
             {
-                println!(
-                    "cargo:warning=outbox-codegen: `.consumes` pattern `{pattern}` matches no event type in {}",
-                    dir.display()
-                );
+                say(
+                    cargo,
+                    format!(
+                        "cargo:warning=outbox-codegen: `.consumes` pattern `{pattern}` matches no event type in {}",
+                        dir.display()
+                    ),
+                )?;
             }
         }
         let out_dir = match &self.out_dir {
@@ -777,6 +790,114 @@ fn locate_failure(input: &TypifyInput, event: &EventSchema) -> Option<Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compile_tracks_every_file_and_writes_only_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let schemas = dir.path().join("schemas");
+        fs::create_dir_all(schemas.join("defs")).unwrap();
+        fs::write(
+            schemas.join("defs/common.json"),
+            r#"{ "$defs": { "Code": { "type": "string" } } }"#,
+        )
+        .unwrap();
+        let event = schemas.join("a.b.created.schema.json");
+        fs::write(
+            &event,
+            r#"{ "title": "Created", "type": "object",
+                 "properties": { "code": { "$ref": "defs/common.json#/$defs/Code" } } }"#,
+        )
+        .unwrap();
+        let out = dir.path().join("out");
+        let mut config = Config::new();
+        config.source("svc").consumes(["x.>"]).out_dir(&out);
+
+        let mut cargo = Vec::new();
+        config.compile_to(&schemas, &mut cargo).unwrap();
+        let cargo = String::from_utf8(cargo).unwrap();
+        let lines: Vec<&str> = cargo.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                format!("cargo:rerun-if-changed={}", schemas.display()),
+                format!("cargo:rerun-if-changed={}", event.display()),
+                format!("cargo:rerun-if-changed={}", schemas.join("defs/common.json").display()),
+                format!(
+                    "cargo:warning=outbox-codegen: `.consumes` pattern `x.>` matches no event type in {}",
+                    schemas.display()
+                ),
+            ]
+        );
+        let file = out.join(DEFAULT_OUT_FILE);
+        let first = fs::read_to_string(&file).unwrap();
+        assert!(first.contains("pub struct Created"));
+
+        // Unchanged content: the file is not rewritten (its old modification time stays).
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        config.compile_to(&schemas, &mut Vec::new()).unwrap();
+        assert_eq!(fs::metadata(&file).unwrap().modified().unwrap(), old);
+
+        // Changed content: rewritten.
+        fs::write(
+            &event,
+            r#"{ "title": "Created", "type": "object", "properties": { "n": { "type": "integer" } } }"#,
+        )
+        .unwrap();
+        config.compile_to(&schemas, &mut Vec::new()).unwrap();
+        assert_ne!(fs::metadata(&file).unwrap().modified().unwrap(), old);
+        assert!(fs::read_to_string(&file)
+            .unwrap()
+            .contains("pub n: ::std::option::Option<i64>"));
+
+        // A broken schema still reports the files to watch, and writes nothing.
+        fs::write(&event, "{").unwrap();
+        let mut cargo = Vec::new();
+        let err = config.compile_to(&schemas, &mut cargo).unwrap_err();
+        assert!(err.to_string().contains("not valid JSON"), "{err}");
+        assert!(String::from_utf8(cargo)
+            .unwrap()
+            .contains(&event.display().to_string()));
+        assert!(fs::read_to_string(&file)
+            .unwrap()
+            .contains("pub n: ::std::option::Option<i64>"));
+    }
+
+    #[test]
+    fn source_defaults_and_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join("a.b.c.schema.json"),
+            r#"{ "title": "C", "type": "object", "properties": { "n": { "type": "integer" } } }"#,
+        )
+        .unwrap();
+        let err = Config::new()
+            .source("two words")
+            .generate(dir.path())
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("invalid source `two words`"),
+            "{err}"
+        );
+        let err = Config::new()
+            .source("svc")
+            .consumes(["a.B"])
+            .generate(dir.path())
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("invalid `.consumes` pattern `a.B`"),
+            "{err}"
+        );
+        // Under cargo test, CARGO_PKG_NAME is this crate's name.
+        let code = Config::new().generate(dir.path()).unwrap();
+        assert!(code.contains(r#"source = "outbox-codegen""#), "{code}");
+    }
 
     #[test]
     fn patterns_match_like_nats() {
