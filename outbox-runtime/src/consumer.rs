@@ -354,13 +354,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             Err((event_id, reason)) => return self.reject(&message, event_id, reason).await,
         };
         span.record("event_id", tracing::field::display(envelope.id));
-        let delivery = Delivery {
-            envelope,
-            delivered,
-            stream_sequence,
-            traceparent,
-            consumer: self.name.clone(),
-        };
+        let delivery = self.delivery(envelope, delivered, stream_sequence, traceparent);
         let outcome = self.apply(&delivery).instrument(span).await;
         let outcome = match outcome {
             Ok(o) => o,
@@ -377,7 +371,9 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         let labels = [("consumer", self.name.to_string())];
         match &outcome {
             Outcome::Handled => {
-                message.double_ack().await.map_err(Error::nats)?;
+                // A lost ack only means a redelivery, which the dedupe row turns into a
+                // duplicate: no need to wait for the server to confirm it.
+                message.ack().await.map_err(Error::nats)?;
                 metrics::counter!(m::CONSUMER_HANDLED, &labels).increment(1);
             }
             Outcome::Duplicate => {
@@ -406,7 +402,27 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         Ok(outcome)
     }
 
-    async fn apply(&self, delivery: &Delivery<E>) -> Result<Outcome> {
+    /// A [`Delivery`] of `envelope` through this consumer (for [`Consumer::apply`]).
+    pub fn delivery(
+        &self,
+        envelope: Envelope<E>,
+        delivered: u64,
+        stream_sequence: u64,
+        traceparent: Option<String>,
+    ) -> Delivery<E> {
+        Delivery {
+            envelope,
+            delivered,
+            stream_sequence,
+            traceparent,
+            consumer: self.name.clone(),
+        }
+    }
+
+    /// The database half of [`Consumer::process`], without touching the message: in one
+    /// transaction, records the event id (a duplicate returns [`Outcome::Duplicate`] and writes
+    /// nothing), runs the handler, and commits on success. For callers that ack themselves.
+    pub async fn apply(&self, delivery: &Delivery<E>) -> Result<Outcome> {
         let mut tx = self.pool.begin().await?;
         let fresh = sqlx::query(
             "insert into outbox_consumed (consumer, event_id) values ($1, $2) \

@@ -1,0 +1,556 @@
+//! Idempotent consumers against a real Postgres and a real (private) nats-server: duplicates
+//! handled once, retries, replicas sharing a durable, undecodable messages, and the metrics
+//! that report each.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use common::{eventually, NatsServer, TestDb};
+use futures::StreamExt;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use outbox_runtime::consumer::{
+    decode, Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Outcome,
+};
+use outbox_runtime::order::Freshness;
+use outbox_runtime::{EmitExt, OutboxEvent, Relay, RelayConfig, StorageType, StreamSpec};
+use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, outbox_runtime::OutboxEvent)]
+#[outbox(
+    event_type = "accounts.account.opened",
+    source = "accounts",
+    schema = "schemas/consumer/accounts.account.opened.schema.json"
+)]
+struct AccountOpened {
+    account_id: Uuid,
+    owner: String,
+    n: i64,
+}
+
+const STREAM: &str = "ACCOUNTS";
+
+/// The process-wide metrics recorder the assertions read (each test uses its own consumer
+/// name, so their counters do not mix).
+fn snapshotter() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().expect("install the debugging recorder");
+        snapshotter
+    })
+}
+
+/// The total of counter `name` for `consumer` so far. Snapshots drain the recorder's
+/// counters, so every snapshot is folded into running totals shared by all tests.
+fn counter(name: &str, consumer: &str) -> u64 {
+    static TOTALS: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
+    let mut totals = TOTALS.get_or_init(Default::default).lock().expect("totals");
+    for (key, _, _, value) in snapshotter().snapshot().into_vec() {
+        let DebugValue::Counter(n) = value else {
+            continue;
+        };
+        let label = key
+            .key()
+            .labels()
+            .find(|l| l.key() == "consumer")
+            .map(|l| l.value().to_owned());
+        if let Some(label) = label {
+            *totals
+                .entry((key.key().name().to_owned(), label))
+                .or_default() += n;
+        }
+    }
+    totals
+        .get(&(name.to_owned(), consumer.to_owned()))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// A private broker with the fixture's stream, and a migrated database with the handler's table.
+struct Setup {
+    db: TestDb,
+    _nats: NatsServer,
+    js: async_nats::jetstream::Context,
+    relay: Relay,
+}
+
+async fn setup(duplicate_window: Duration) -> Setup {
+    snapshotter();
+    let db = TestDb::new().await;
+    sqlx::query("create table effects (event_id uuid not null, account_id uuid not null, n bigint not null)")
+        .execute(&db.pool)
+        .await
+        .expect("create the handler's table");
+    let nats = NatsServer::spawn().await;
+    let js = async_nats::jetstream::new(common::connect_nats(&nats.url()).await);
+    StreamSpec {
+        name: STREAM.into(),
+        subjects: vec!["accounts.>".into()],
+        storage: StorageType::Memory,
+        duplicate_window,
+        ..Default::default()
+    }
+    .ensure(&js)
+    .await
+    .expect("create the stream");
+    let relay = Relay::new(
+        db.pool.clone(),
+        js.clone(),
+        RelayConfig {
+            backoff_max: Duration::from_secs(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("a relay");
+    Setup {
+        db,
+        _nats: nats,
+        js,
+        relay,
+    }
+}
+
+impl Setup {
+    async fn emit(&self, n: i64) -> Uuid {
+        let mut tx = self.db.pool.begin().await.expect("begin");
+        let id = tx
+            .emit(AccountOpened {
+                account_id: Uuid::now_v7(),
+                owner: format!("owner-{n}"),
+                n,
+            })
+            .await
+            .expect("emit");
+        tx.commit().await.expect("commit");
+        id
+    }
+
+    /// Runs the relay until the table has nothing left to publish.
+    async fn drain(&self) {
+        for _ in 0..1_000 {
+            if self.db.unpublished().await == 0 {
+                return;
+            }
+            self.relay.run_once().await.expect("relay batch");
+        }
+        panic!("the relay did not drain the table");
+    }
+
+    async fn effects(&self) -> (i64, i64) {
+        sqlx::query_as("select count(*), count(distinct event_id) from effects")
+            .fetch_one(&self.db.pool)
+            .await
+            .expect("count effects")
+    }
+
+    fn consumer<H: Handler<AccountOpened>>(
+        &self,
+        name: &str,
+        handler: H,
+    ) -> Consumer<AccountOpened, H> {
+        self.consumer_capped(
+            name,
+            handler,
+            ConsumerConfig::new(name, STREAM).max_deliveries,
+        )
+    }
+
+    fn consumer_capped<H: Handler<AccountOpened>>(
+        &self,
+        name: &str,
+        handler: H,
+        max_deliveries: u64,
+    ) -> Consumer<AccountOpened, H> {
+        let mut config = ConsumerConfig::new(name, STREAM);
+        config.max_deliveries = max_deliveries;
+        config.retry_base = Duration::from_millis(50);
+        config.retry_max = Duration::from_millis(200);
+        config.ack_wait = Duration::from_secs(1);
+        Consumer::new(self.db.pool.clone(), self.js.clone(), config, handler)
+    }
+}
+
+/// Records every handled event in `effects`.
+struct Record;
+
+impl Handler<AccountOpened> for Record {
+    async fn handle(
+        &self,
+        delivery: &Delivery<AccountOpened>,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        sqlx::query("insert into effects (event_id, account_id, n) values ($1, $2, $3)")
+            .bind(delivery.id())
+            .bind(delivery.event().account_id)
+            .bind(delivery.event().n)
+            .execute(tx)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Runs `consumer` in the background until the returned sender is dropped or fires.
+fn spawn<H: Handler<AccountOpened>>(
+    consumer: Consumer<AccountOpened, H>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        consumer
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("the consumer runs");
+    });
+    (stop, task)
+}
+
+#[tokio::test]
+async fn a_republished_event_is_handled_once_and_counted_as_a_duplicate() {
+    // A short duplicate window, so JetStream stores the relay's republish a second time, as it
+    // would after a crash outlasting the window.
+    let s = setup(Duration::from_millis(200)).await;
+    let id = s.emit(1).await;
+    s.drain().await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The mark is lost (as when the relay dies after the ack): the row is published again.
+    sqlx::query("update outbox_events set published_at = null where id = $1")
+        .bind(id)
+        .execute(&s.db.pool)
+        .await
+        .expect("unmark");
+    s.drain().await;
+    let mut info = s.js.get_stream(STREAM).await.expect("stream");
+    assert_eq!(
+        info.info().await.expect("info").state.messages,
+        2,
+        "the stream holds the event twice"
+    );
+
+    let name = "dup-republished";
+    let (stop, task) = spawn(s.consumer(name, Record));
+    eventually(Duration::from_secs(10), "both copies consumed", || async {
+        counter("outbox_consumer_handled_total", name)
+            + counter("outbox_consumer_duplicates_total", name)
+            == 2
+    })
+    .await;
+    drop(stop);
+    task.await.expect("consumer task");
+    assert_eq!(s.effects().await, (1, 1), "handled once");
+    assert_eq!(counter("outbox_consumer_handled_total", name), 1);
+    assert_eq!(counter("outbox_consumer_duplicates_total", name), 1);
+}
+
+#[tokio::test]
+async fn a_redelivery_after_a_lost_ack_is_acked_without_handling() {
+    let s = setup(Duration::from_secs(60)).await;
+    s.emit(7).await;
+    s.drain().await;
+    let name = "dup-lost-ack";
+    let consumer = s.consumer(name, Record);
+    let durable = consumer.durable().await.expect("durable consumer");
+    let mut messages = durable.messages().await.expect("pull");
+    let first = messages.next().await.expect("a message").expect("ok");
+    // Handle and commit, but never ack: the ack is lost.
+    let envelope = decode::<AccountOpened>(&first.payload).expect("decodes");
+    let delivery = consumer.delivery(envelope, 1, 1, None);
+    assert_eq!(
+        consumer.apply(&delivery).await.expect("apply"),
+        Outcome::Handled
+    );
+    // After the ack wait JetStream delivers it again; this time the dedupe row refuses it.
+    let again = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .expect("redelivered within the ack wait")
+        .expect("a message")
+        .expect("ok");
+    assert_eq!(again.info().expect("info").delivered, 2);
+    assert_eq!(
+        consumer.process(again).await.expect("process"),
+        Outcome::Duplicate
+    );
+    assert_eq!(s.effects().await, (1, 1), "handled once");
+    assert_eq!(counter("outbox_consumer_duplicates_total", name), 1);
+    assert_eq!(counter("outbox_consumer_redeliveries_total", name), 1);
+}
+
+/// Fails the first `fail` calls (after writing, so a rollback must undo the write).
+struct Flaky {
+    calls: Arc<AtomicU32>,
+    fail: u32,
+}
+
+impl Handler<AccountOpened> for Flaky {
+    async fn handle(
+        &self,
+        delivery: &Delivery<AccountOpened>,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        Record.handle(delivery, tx).await?;
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if call <= self.fail {
+            return Err(format!("flaky failure {call}").into());
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_handler_that_fails_twice_then_succeeds_takes_effect_once() {
+    let s = setup(Duration::from_secs(60)).await;
+    s.emit(3).await;
+    s.drain().await;
+    let name = "flaky";
+    let calls = Arc::new(AtomicU32::new(0));
+    let (stop, task) = spawn(s.consumer(
+        name,
+        Flaky {
+            calls: calls.clone(),
+            fail: 2,
+        },
+    ));
+    eventually(
+        Duration::from_secs(10),
+        "handled after two failures",
+        || async { counter("outbox_consumer_handled_total", name) == 1 },
+    )
+    .await;
+    drop(stop);
+    task.await.expect("consumer task");
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "two failures, one success");
+    assert_eq!(
+        s.effects().await,
+        (1, 1),
+        "the failed attempts' writes were rolled back"
+    );
+    assert_eq!(counter("outbox_consumer_failures_total", name), 2);
+    assert_eq!(counter("outbox_consumer_gave_up_total", name), 0);
+}
+
+#[tokio::test]
+async fn a_handler_that_always_fails_is_terminated_and_reported_after_the_cap() {
+    let s = setup(Duration::from_secs(60)).await;
+    s.emit(4).await;
+    s.drain().await;
+    let name = "hopeless";
+    let calls = Arc::new(AtomicU32::new(0));
+    let flaky = Flaky {
+        calls: calls.clone(),
+        fail: u32::MAX,
+    };
+    let (stop, task) = spawn(s.consumer_capped(name, flaky, 3));
+    eventually(Duration::from_secs(10), "given up", || async {
+        counter("outbox_consumer_gave_up_total", name) == 1
+    })
+    .await;
+    // Terminated: no further delivery comes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(stop);
+    task.await.expect("consumer task");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "delivered exactly max_deliveries times"
+    );
+    assert_eq!(s.effects().await, (0, 0));
+}
+
+#[tokio::test]
+async fn two_replicas_share_ten_thousand_events_and_each_takes_effect_once() {
+    const EVENTS: i64 = 10_000;
+    let s = setup(Duration::from_secs(60)).await;
+    // Emit in a few large transactions (the order of emits within one is kept).
+    let mut tx = s.db.pool.begin().await.expect("begin");
+    for n in 0..EVENTS {
+        tx.emit(AccountOpened {
+            account_id: Uuid::now_v7(),
+            owner: "replicas".into(),
+            n,
+        })
+        .await
+        .expect("emit");
+        if n % 2_000 == 1_999 {
+            tx.commit().await.expect("commit");
+            tx = s.db.pool.begin().await.expect("begin");
+        }
+    }
+    tx.commit().await.expect("commit");
+    s.drain().await;
+
+    let name = "replicas";
+    let (stop_a, task_a) = spawn(s.consumer(name, Record));
+    let (stop_b, task_b) = spawn(s.consumer(name, Record));
+    eventually(Duration::from_secs(120), "every event handled", || async {
+        s.effects().await.0 >= EVENTS
+    })
+    .await;
+    drop((stop_a, stop_b));
+    task_a.await.expect("replica a");
+    task_b.await.expect("replica b");
+    assert_eq!(
+        s.effects().await,
+        (EVENTS, EVENTS),
+        "each event took effect exactly once"
+    );
+    let dedupe: i64 =
+        sqlx::query_scalar("select count(*) from outbox_consumed where consumer = $1")
+            .bind(name)
+            .fetch_one(&s.db.pool)
+            .await
+            .expect("count dedupe rows");
+    assert_eq!(dedupe, EVENTS);
+}
+
+#[tokio::test]
+async fn undecodable_messages_are_rejected_with_the_id_and_reason_and_the_consumer_goes_on() {
+    let s = setup(Duration::from_secs(60)).await;
+    let name = "bad-input";
+    let consumer = s.consumer(name, Record);
+    let durable = consumer.durable().await.expect("durable consumer");
+    let good = serde_json::to_value(AccountOpened {
+        account_id: Uuid::now_v7(),
+        owner: "x".into(),
+        n: 1,
+    })
+    .expect("json");
+    let envelope = |event_type: &str, data: serde_json::Value| {
+        serde_json::json!({
+            "specversion": "1.0", "id": Uuid::now_v7(), "type": event_type, "source": "accounts",
+            "subject": "s", "time": "2026-11-30T12:00:00Z", "datacontenttype": "application/json",
+            "data": data,
+        })
+    };
+    let wrong_type = envelope("accounts.account.closed", good.clone());
+    let mut invalid_data = good.clone();
+    invalid_data["n"] = serde_json::json!(-5);
+    let invalid = envelope(AccountOpened::EVENT_TYPE, invalid_data);
+    let bodies: Vec<Vec<u8>> = vec![
+        b"this is not json".to_vec(),
+        serde_json::to_vec(&wrong_type).expect("json"),
+        serde_json::to_vec(&invalid).expect("json"),
+    ];
+    for body in &bodies {
+        s.js.publish(AccountOpened::EVENT_TYPE, body.clone().into())
+            .await
+            .expect("publish")
+            .await
+            .expect("ack");
+    }
+    let mut messages = durable.messages().await.expect("pull");
+    let mut outcomes = Vec::new();
+    for _ in 0..bodies.len() {
+        let m = messages.next().await.expect("a message").expect("ok");
+        outcomes.push(
+            consumer
+                .process(m)
+                .await
+                .expect("process never fails on bad input"),
+        );
+    }
+    let reasons: Vec<(Option<Uuid>, String)> = outcomes
+        .into_iter()
+        .map(|o| match o {
+            Outcome::Rejected { event_id, reason } => (event_id, reason),
+            other => panic!("expected a rejection, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(reasons[0].0, None);
+    assert!(
+        reasons[0].1.contains("not a CloudEvents envelope"),
+        "{}",
+        reasons[0].1
+    );
+    assert_eq!(
+        reasons[1].0.map(|i| i.to_string()),
+        wrong_type["id"].as_str().map(String::from)
+    );
+    assert!(
+        reasons[1]
+            .1
+            .contains("`accounts.account.closed` is not `accounts.account.opened`"),
+        "{}",
+        reasons[1].1
+    );
+    assert_eq!(
+        reasons[2].0.map(|i| i.to_string()),
+        invalid["id"].as_str().map(String::from)
+    );
+    assert!(
+        reasons[2].1.contains("/n") && reasons[2].1.contains("minimum"),
+        "{}",
+        reasons[2].1
+    );
+    assert_eq!(counter("outbox_consumer_rejected_total", name), 3);
+
+    // Terminated, not redelivered; a valid event after them is handled.
+    s.emit(9).await;
+    s.drain().await;
+    let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .expect("the valid event arrives")
+        .expect("a message")
+        .expect("ok");
+    assert_eq!(
+        consumer.process(next).await.expect("process"),
+        Outcome::Handled
+    );
+    assert_eq!(s.effects().await, (1, 1));
+}
+
+#[tokio::test]
+async fn freshness_tells_a_handler_that_an_event_is_older_than_what_it_applied() {
+    let s = setup(Duration::from_secs(60)).await;
+    let consumer = s.consumer("projection", Record);
+    let mk = |secs: i64| {
+        let time = chrono::DateTime::from_timestamp(1_700_000_000 + secs, 0).expect("time");
+        let envelope = outbox_runtime::Envelope::new(
+            Uuid::now_v7(),
+            AccountOpened::EVENT_TYPE,
+            "accounts",
+            "acct-1",
+            time,
+            AccountOpened {
+                account_id: Uuid::now_v7(),
+                owner: "o".into(),
+                n: secs,
+            },
+        );
+        consumer.delivery(envelope, 1, 1, None)
+    };
+    let mut tx = s.db.pool.begin().await.expect("begin");
+    assert_eq!(
+        mk(10).freshness(&mut tx).await.expect("advance"),
+        Freshness::Fresh
+    );
+    assert_eq!(
+        mk(20).freshness(&mut tx).await.expect("advance"),
+        Freshness::Fresh
+    );
+    let stale = mk(15).freshness(&mut tx).await.expect("advance");
+    assert_eq!(
+        stale,
+        Freshness::Stale {
+            applied: chrono::DateTime::from_timestamp(1_700_000_020, 0).expect("time")
+        }
+    );
+    assert!(
+        mk(20).freshness(&mut tx).await.expect("advance").is_fresh(),
+        "equal times are fresh"
+    );
+    tx.rollback().await.expect("rollback");
+    // Rolled back with the handler's transaction: the position did not move.
+    let mut tx = s.db.pool.begin().await.expect("begin");
+    assert!(mk(1).freshness(&mut tx).await.expect("advance").is_fresh());
+}
