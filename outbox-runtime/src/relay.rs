@@ -32,6 +32,10 @@
 //!
 //! - Across relays, the advisory lock makes one transaction at a time the only relay of a
 //!   partition (`(hashtext(subject) & 0x7fffffff) % partitions`, [`RelayConfig::partitions`]).
+//! - A claim may pass a partition while another relay holds it and reach a later row of the
+//!   same partition after that relay committed; the claim then holds a subject's later rows but
+//!   not an older one. A second query of the claim finds such subjects (an older unpublished row
+//!   that the claim does not hold) and leaves their rows out of the batch.
 //! - Within a batch, a subject's events go out one wave after the other; once one fails, its
 //!   later events in the batch are not published and their `attempts` are not incremented
 //!   (they were not attempted).
@@ -56,7 +60,9 @@
 //! and stays visible to any status query as an unpublished row with `attempts >= max_attempts`.
 //! Its subject is **held**: the later events of that subject wait behind it, unpublished, so
 //! that the subject's order is never broken. Other subjects are not held back (the claim excludes
-//! held subjects in SQL). Resetting the row's `attempts` to 0 releases the subject.
+//! held subjects in SQL, helped by the small partial index of migration
+//! `0003_outbox_retrying_idx.sql` on the subjects of rows that failed at least once). Resetting
+//! the row's `attempts` to 0 releases the subject.
 //!
 //! # Wake-up
 //!
@@ -129,6 +135,20 @@ select id, event_type, source, subject, time, data, created_at, attempts
  order by created_at
  limit $1
    for update skip locked";
+
+/// Subjects of a claim that have an older unpublished row the claim does not hold: the claim
+/// found that row's partition locked by another relay, which released it before the claim
+/// reached a later row of the same subject. Publishing the later rows would overtake it.
+/// `$1`/`$2`: each claimed subject with its oldest claimed `created_at`; `$3`: the latest of
+/// those, so the scan is a range of the unpublished index.
+const GAPS: &str = "\
+select distinct o.subject
+  from outbox_events o
+  join unnest($1::text[], $2::timestamptz[]) as f(subject, first_created)
+    on o.subject = f.subject
+ where o.published_at is null
+   and o.created_at < $3
+   and o.created_at < f.first_created";
 
 const MARK_PUBLISHED: &str =
     "update outbox_events set published_at = clock_timestamp() where id = any($1)";
@@ -602,15 +622,22 @@ impl Relay {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(db_error)?;
-            tracing::Span::current().record("claimed", rows.len());
-            metrics::histogram!(names::BATCH_SIZE).record(rows.len() as f64);
+            let claimed = rows.len();
+            let rows = drop_gaps(&mut tx, rows).await?;
+            tracing::Span::current().record("claimed", claimed);
+            metrics::histogram!(names::BATCH_SIZE).record(claimed as f64);
+            let skipped = claimed - rows.len();
             Ok(Claim {
                 relay: self,
                 tx,
                 rows,
                 acked: Vec::new(),
                 failed: Vec::new(),
-                report: BatchReport::default(),
+                report: BatchReport {
+                    claimed,
+                    skipped,
+                    ..BatchReport::default()
+                },
                 published: false,
             })
         }
@@ -650,9 +677,9 @@ impl Relay {
     pub async fn run_once(&self) -> Result<BatchReport> {
         let mut claim = self.claim().await?;
         if claim.is_empty() {
-            // Nothing to publish; end the transaction without a commit round trip's worth of work.
+            let report = claim.report;
             claim.tx.rollback().await.map_err(db_error)?;
-            return Ok(BatchReport::default());
+            return Ok(report);
         }
         claim.publish().await;
         claim.commit().await
@@ -721,6 +748,42 @@ impl Relay {
         }
         Ok(())
     }
+}
+
+/// Removes the rows of subjects whose older rows another relay may still publish (see
+/// [`GAPS`]); they stay locked and untouched until the transaction ends.
+async fn drop_gaps(tx: &mut Transaction<'static, Postgres>, rows: Vec<Row>) -> Result<Vec<Row>> {
+    if rows.is_empty() {
+        return Ok(rows);
+    }
+    let mut subjects: Vec<&str> = Vec::new();
+    let mut firsts: Vec<DateTime<Utc>> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for row in &rows {
+        if seen.insert(row.subject.as_str()) {
+            subjects.push(&row.subject);
+            firsts.push(row.created_at);
+        }
+    }
+    let latest = firsts.iter().max().copied();
+    let gapped: Vec<String> = sqlx::query_scalar(GAPS)
+        .bind(&subjects)
+        .bind(&firsts)
+        .bind(latest)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db_error)?;
+    if gapped.is_empty() {
+        return Ok(rows);
+    }
+    tracing::debug!(
+        subjects = gapped.len(),
+        "outbox claim left subjects whose older events another relay holds"
+    );
+    Ok(rows
+        .into_iter()
+        .filter(|r| !gapped.contains(&r.subject))
+        .collect())
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -842,7 +905,6 @@ impl Claim<'_> {
         let jetstream = &self.relay.jetstream;
         let client = jetstream.client();
         let deadline = Instant::now() + config.ack_timeout;
-        self.report.claimed = self.rows.len();
 
         // wave k = the k-th row of each subject
         let mut waves: Vec<Vec<usize>> = Vec::new();

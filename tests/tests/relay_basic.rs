@@ -383,3 +383,19 @@ async fn an_unworkable_configuration_is_refused() {
     .unwrap_err();
     assert!(err.to_string().contains("invalid stream name"), "{err}");
 }
+
+#[tokio::test]
+async fn the_migrations_create_the_claim_index_for_held_subjects() {
+    let db = TestDb::new().await;
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "select indexname::text from pg_indexes where tablename = 'outbox_events' order by 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        indexes.contains(&"outbox_events_retrying_idx".to_owned()),
+        "{indexes:?}"
+    );
+    assert!(indexes.contains(&"outbox_events_unpublished_idx".to_owned()));
+}
