@@ -151,9 +151,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     );
     consumer.durable().await?;
 
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .ok();
+    let metrics = prometheus();
     let app = api::router(api::AppState { pool, metrics });
     let listener = tokio::net::TcpListener::bind(config.bind).await?;
     let addr = listener.local_addr()?;
@@ -177,6 +175,20 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         })
     };
     Ok(Running { addr, stop, task })
+}
+
+/// The process's Prometheus recorder, installed on first use (several services in one process,
+/// as in the tests, share it). `None` when another recorder was installed before.
+fn prometheus() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .ok()
+        })
+        .clone()
 }
 
 /// Runs the service until `shutdown` completes.
