@@ -10,8 +10,9 @@
 //!    partition of each row's `subject` (`pg_try_advisory_xact_lock`); rows whose partition is
 //!    locked by another relay's open batch are skipped.
 //! 2. **Publish** each row on the NATS subject `event_type`, with the CloudEvents [`Envelope`]
-//!    as the body and the headers `Nats-Msg-Id: <id>` and `Content-Type:
-//!    application/cloudevents+json`. Publishing goes in *waves*: wave k holds the k-th row of
+//!    as the body and the headers `Nats-Msg-Id: <id>`, `Content-Type:
+//!    application/cloudevents+json` and a W3C `traceparent` (one trace per batch, recorded as
+//!    `trace_id` on the `outbox.publish` span). Publishing goes in *waves*: wave k holds the k-th row of
 //!    every subject in the batch; a wave is pipelined (all sent, then all acks awaited), so one
 //!    subject never has two events in flight. Every wave shares one deadline,
 //!    [`RelayConfig::ack_timeout`], counted from the start of publishing. When the NATS
@@ -895,12 +896,15 @@ impl Claim<'_> {
             return self.report;
         }
         self.published = true;
-        let span = tracing::debug_span!("outbox.publish", rows = self.rows.len());
-        self.publish_waves().instrument(span).await;
+        // One W3C trace per batch; each message carries its own span id under it, so a
+        // consumer's span (which records the header) links to this publish.
+        let trace_id = Uuid::new_v4().simple().to_string();
+        let span = tracing::debug_span!("outbox.publish", rows = self.rows.len(), %trace_id);
+        self.publish_waves(&trace_id).instrument(span).await;
         self.report
     }
 
-    async fn publish_waves(&mut self) {
+    async fn publish_waves(&mut self, trace_id: &str) {
         let config = &self.relay.config;
         let jetstream = &self.relay.jetstream;
         let client = jetstream.client();
@@ -972,6 +976,7 @@ impl Claim<'_> {
                     row.id.to_string().as_str(),
                 );
                 headers.insert("Content-Type", CONTENT_TYPE);
+                headers.insert("traceparent", traceparent(trace_id).as_str());
                 let send =
                     jetstream.publish_with_headers(row.event_type.clone(), headers, body.into());
                 match timeout_at(deadline, send).await {
@@ -1090,4 +1095,10 @@ impl Claim<'_> {
         }
         Ok(report)
     }
+}
+
+/// A W3C `traceparent` (version 00, sampled) in trace `trace_id` with a fresh span id.
+fn traceparent(trace_id: &str) -> String {
+    let span_id = Uuid::new_v4().simple().to_string();
+    format!("00-{trace_id}-{}-01", &span_id[..16])
 }

@@ -263,6 +263,22 @@ async fn a_redelivery_after_a_lost_ack_is_acked_without_handling() {
     let durable = consumer.durable().await.expect("durable consumer");
     let mut messages = durable.messages().await.expect("pull");
     let first = messages.next().await.expect("a message").expect("ok");
+    // The relay's publish trace travels with the message (W3C traceparent).
+    let traceparent = first
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("traceparent"))
+        .map(|v| v.as_str().to_owned())
+        .expect("a traceparent header");
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent}");
+    assert_eq!(
+        (parts[0], parts[1].len(), parts[2].len(), parts[3]),
+        ("00", 32, 16, "01")
+    );
+    assert!(parts[1..3]
+        .iter()
+        .all(|p| p.chars().all(|c| c.is_ascii_hexdigit())));
     // Handle and commit, but never ack: the ack is lost.
     let envelope = decode::<AccountOpened>(&first.payload).expect("decodes");
     let delivery = consumer.delivery(envelope, 1, 1, None);
