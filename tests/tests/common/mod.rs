@@ -378,3 +378,133 @@ impl Drop for NatsServer {
         self.stop();
     }
 }
+
+/// A private Postgres cluster (`initdb` + `pg_ctl` from `/usr/lib/postgresql/*/bin`) on a free
+/// port in a temporary directory, for tests that stop and restart the database. The superuser
+/// is `root` with trust auth on 127.0.0.1. When the tests run as root, the server runs as the
+/// `postgres` user (Postgres refuses to run as root).
+pub struct PgServer {
+    /// The port it listens on.
+    pub port: u16,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    run_as: Option<String>,
+}
+
+impl PgServer {
+    /// Creates the cluster and starts it.
+    pub fn spawn() -> PgServer {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|versions| {
+                versions
+                    .filter_map(|v| v.ok().map(|v| v.path().join("bin")))
+                    .filter(|b| b.join("initdb").exists())
+                    .max()
+            })
+            .expect("Postgres server binaries under /usr/lib/postgresql/*/bin; `scripts/services` installs them");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let is_root = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let run_as = is_root.then(|| "postgres".to_owned());
+        if run_as.is_some() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:"])
+                .arg(dir.path())
+                .status()
+                .expect("chown");
+            assert!(status.success(), "chown the cluster directory to postgres");
+        }
+        let server = PgServer {
+            port: free_port(),
+            dir,
+            bin,
+            run_as,
+        };
+        server.run(
+            "initdb",
+            &["-A", "trust", "-U", "root", "--no-sync", "-D"],
+            true,
+        );
+        server.start();
+        server
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn run(&self, tool: &str, args: &[&str], with_data: bool) {
+        let program = self.bin.join(tool);
+        let mut command = match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&program);
+                c
+            }
+            None => Command::new(&program),
+        };
+        command.args(args);
+        if with_data {
+            command.arg(self.data());
+        }
+        let output = command
+            .output()
+            .unwrap_or_else(|e| panic!("run {tool}: {e}"));
+        assert!(
+            output.status.success(),
+            "{tool} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub fn start(&self) {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log");
+        let log = log.to_string_lossy().into_owned();
+        self.run(
+            "pg_ctl",
+            &["-w", "-l", &log, "-o", &options, "start", "-D"],
+            true,
+        );
+    }
+
+    /// Stops the server (fast shutdown: open connections are cut).
+    pub fn stop(&self) {
+        self.run("pg_ctl", &["-w", "-m", "fast", "stop", "-D"], true);
+    }
+
+    /// `postgres://root@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://root@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let program = self.bin.join("pg_ctl");
+        let mut command = match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&program);
+                c
+            }
+            None => Command::new(&program),
+        };
+        let _ = command
+            .args(["-w", "-m", "immediate", "stop", "-D"])
+            .arg(self.data())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
