@@ -303,13 +303,25 @@ impl Config {
                 .push(syn::parse_quote!(#[derive(::outbox_runtime::OutboxEvent)]));
             item.attrs.push(syn::parse_quote!(#[outbox(#(#args),*)]));
         }
+        let idents: Vec<String> = file
+            .items
+            .iter()
+            .filter_map(|item| match item {
+                syn::Item::Struct(s) => Some(s.ident.to_string()),
+                _ => None,
+            })
+            .collect();
         for event in events {
             if !found.contains(&event.title) {
+                let renamed = idents
+                    .iter()
+                    .find(|i| i.eq_ignore_ascii_case(&event.title))
+                    .map_or_else(String::new, |i| format!(" (it became `{i}`)"));
                 errors.push(Error::schema(
                     &event.path,
                     "/title",
                     format!(
-                        "no struct named `{}` was generated (the generator renames types to UpperCamelCase); use a title that is already UpperCamelCase, with at most one uppercase letter in a row",
+                        "the generator renamed the type `{}`{renamed}; use a title that is already UpperCamelCase, with no two uppercase letters in a row",
                         event.title
                     ),
                 ));

@@ -329,6 +329,16 @@ fn root_title_and_subject_rules() {
     let f = Folder::new();
     f.write(
         "a.b.created.schema.json",
+        r#"{ "title": "HTTPCalled", "type": "object", "properties": { "n": { "type": "integer" } } }"#,
+    );
+    assert_says(
+        &f.error(),
+        &["at /title: the generator renamed the type `HTTPCalled` (it became `HttpCalled`)"],
+    );
+
+    let f = Folder::new();
+    f.write(
+        "a.b.created.schema.json",
         r#"{ "title": "Created", "type": "object", "x-outbox-subject": "id",
              "properties": { "id": { "type": "string" } } }"#,
     );
