@@ -74,7 +74,13 @@ impl<E> Delivery<E> {
     /// Whether this event is newer than what this consumer already applied for its subject
     /// (see [`crate::order`]). Call it in the handler's transaction.
     pub async fn freshness(&self, tx: &mut PgConnection) -> Result<Freshness> {
-        order::advance(tx, &self.consumer, &self.envelope.subject, self.envelope.time).await
+        order::advance(
+            tx,
+            &self.consumer,
+            &self.envelope.subject,
+            self.envelope.time,
+        )
+        .await
     }
 }
 
@@ -90,7 +96,7 @@ impl<E> Delivery<E> {
 /// # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 /// # #[outbox(event_type = "billing.subscription.cancelled", subject = "subscription_id",
 /// #          schema = "../schemas/events/billing.subscription.cancelled.schema.json")]
-/// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: Option<String>,
+/// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: String, effective: String,
 /// #   cancelled_at: chrono::DateTime<chrono::Utc> }
 /// struct RecordChurn;
 ///
@@ -214,7 +220,7 @@ pub enum Outcome {
 /// # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 /// # #[outbox(event_type = "billing.subscription.cancelled", subject = "subscription_id",
 /// #          schema = "../schemas/events/billing.subscription.cancelled.schema.json")]
-/// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: Option<String>,
+/// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: String, effective: String,
 /// #   cancelled_at: chrono::DateTime<chrono::Utc> }
 /// # struct RecordChurn;
 /// # impl Handler<SubscriptionCancelled> for RecordChurn {
@@ -256,10 +262,14 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
 
     /// Creates the durable consumer on the stream if it does not exist, and returns it.
     pub async fn durable(&self) -> Result<jetstream::consumer::PullConsumer> {
-        let stream = self.js.get_stream(&self.config.stream).await.map_err(|e| Error::Stream {
-            stream: self.config.stream.clone(),
-            reason: format!("cannot open it ({e}); create it first (`outbox stream ensure`)"),
-        })?;
+        let stream = self
+            .js
+            .get_stream(&self.config.stream)
+            .await
+            .map_err(|e| Error::Stream {
+                stream: self.config.stream.clone(),
+                reason: format!("cannot open it ({e}); create it first (`outbox stream ensure`)"),
+            })?;
         stream
             .get_or_create_consumer(
                 &self.config.name,
@@ -465,7 +475,9 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         event_id: Option<Uuid>,
         reason: String,
     ) -> Result<Outcome> {
-        let id = event_id.map(|i| i.to_string()).unwrap_or_else(|| "unknown".into());
+        let id = event_id
+            .map(|i| i.to_string())
+            .unwrap_or_else(|| "unknown".into());
         tracing::error!(consumer = %self.name, event_id = %id, subject = %message.subject, reason = %reason,
             "undecodable message rejected");
         metrics::counter!(m::CONSUMER_REJECTED, "consumer" => self.name.to_string()).increment(1);

@@ -58,7 +58,7 @@ pub struct RawEvent {
 /// # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 /// # #[outbox(event_type = "billing.subscription.cancelled", subject = "subscription_id",
 /// #          schema = "../schemas/events/billing.subscription.cancelled.schema.json")]
-/// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: Option<String>,
+/// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: String, effective: String,
 /// #   cancelled_at: chrono::DateTime<chrono::Utc> }
 /// # async fn handler(pool: sqlx::PgPool, id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut tx = pool.begin().await?;
@@ -67,7 +67,12 @@ pub struct RawEvent {
 ///     .execute(&mut *tx)
 ///     .await?;
 /// let event_id = tx
-///     .emit(SubscriptionCancelled { subscription_id: id, reason: None, cancelled_at: chrono::Utc::now() })
+///     .emit(SubscriptionCancelled {
+///         subscription_id: id,
+///         reason: "customer_request".into(),
+///         effective: "immediately".into(),
+///         cancelled_at: chrono::Utc::now(),
+///     })
 ///     .await?;
 /// tx.commit().await?; // the row and the event commit together
 /// # let _ = event_id; Ok(()) }

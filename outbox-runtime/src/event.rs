@@ -24,6 +24,7 @@ use serde::{de::DeserializeOwned, Serialize};
 ///     pub plan: String,
 ///     pub seats: u32,
 ///     pub started_at: chrono::DateTime<chrono::Utc>,
+///     #[serde(default, skip_serializing_if = "Option::is_none")]
 ///     pub trial: Option<serde_json::Value>,
 /// }
 /// # }

@@ -19,17 +19,24 @@ pub use emit::{EmitExt, RawEvent, NOTIFY_CHANNEL};
 pub use envelope::{Envelope, CONTENT_TYPE, DATA_CONTENT_TYPE, SPEC_VERSION};
 pub use error::{Error, Result, SchemaViolation};
 pub use event::{EmitEvent, OutboxEvent, PLATFORM_SUBJECT};
-pub use validate::Schemas;
 pub use relay::{BatchReport, Claim, Relay, RelayConfig, RelayStats};
 pub use stream::{check_captures, StorageType, StreamSpec};
+pub use validate::Schemas;
 
 /// `#[derive(OutboxEvent)]`: see [`OutboxEvent`] and the crate docs.
 pub use outbox_macros::OutboxEvent;
 
-/// The outbox migrations (`migrations/` at the repository root): `0001_outbox_events.sql` is
-/// the outbox table and its partial index, exactly as the contract gives them.
+/// The outbox migrations (`migrations/` at the repository root):
 ///
-/// Run them with [`migrate`], or copy the files into the service's own migrations folder.
+/// - `0001_outbox_events.sql`: the outbox table and its partial index, exactly as the contract
+///   gives them;
+/// - `0002_outbox_consumer.sql`: the consumer dedupe table (`outbox_consumed`) and the
+///   per-subject positions of [`order`];
+/// - `0003_outbox_retrying_idx.sql`: a small partial index on the subjects of rows that failed,
+///   which keeps the relay's claim fast during an outage backlog.
+///
+/// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
+/// are idempotent: `create ... if not exists`).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// Applies [`MIGRATOR`] to `pool`.
