@@ -196,7 +196,7 @@ fn check_field(
                 field.ty,
                 format!(
                     "{what} is required and not nullable in `{file}`; use `{}` instead of `Option<..>`",
-                    inner.to_token_stream()
+                    type_text(inner)
                 ),
             );
             if !field.custom_serialize {
@@ -234,7 +234,7 @@ fn check_field(
             format!(
                 "{what} is optional in `{file}`, so payloads without it must decode; make it \
                  `Option<{}>` (or add `#[serde(default)]`)",
-                field.ty.to_token_stream()
+                type_text(field.ty)
             ),
         );
         return;
@@ -245,6 +245,27 @@ fn check_field(
     if let Err(msg) = compatible(field.ty, &view, root, &what, file) {
         cx.error_spanned_by(field.ty, msg);
     }
+}
+
+/// A type as a person writes it: `Option<chrono::DateTime<chrono::Utc>>`, not the spaced-out
+/// token text.
+pub(crate) fn type_text(ty: &Type) -> String {
+    let mut out = String::new();
+    let text = ty.to_token_stream().to_string();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ' ' {
+            let prev = out.chars().last();
+            let next = chars.peek().copied();
+            let glue_prev = matches!(prev, Some(':' | '<' | '&' | '(' | '['));
+            let glue_next = matches!(next, Some(':' | '<' | '>' | ',' | ')' | ';' | ']'));
+            if glue_prev || glue_next {
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Whether values of `ty` and values of the schema seen as `view` are the same JSON values
@@ -271,7 +292,7 @@ pub(crate) fn compatible(
             if !view.allows_null() {
                 return Err(format!(
                     "{what} is not nullable in `{file}`; use `{}` instead of `Option<..>`",
-                    inner.to_token_stream()
+                    type_text(inner)
                 ));
             }
             let non_null = View {
@@ -585,6 +606,25 @@ mod tests {
         assert_eq!(got.len(), want.len(), "{got:#?}");
         for (got, want) in got.iter().zip(want) {
             assert!(got.starts_with(want), "\n got: {got}\nwant: {want}");
+        }
+    }
+
+    #[test]
+    fn type_text_reads_like_source() {
+        let cases: [(Type, &str); 4] = [
+            (
+                syn::parse_quote!(Option<chrono::DateTime<chrono::Utc>>),
+                "Option<chrono::DateTime<chrono::Utc>>",
+            ),
+            (
+                syn::parse_quote!(::std::collections::HashMap<String, Vec<u8>>),
+                "::std::collections::HashMap<String, Vec<u8>>",
+            ),
+            (syn::parse_quote!(&'a str), "&'a str"),
+            (syn::parse_quote!([u8; 4]), "[u8; 4]"),
+        ];
+        for (ty, want) in cases {
+            assert_eq!(type_text(&ty), want);
         }
     }
 
