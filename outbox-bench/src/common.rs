@@ -1,0 +1,335 @@
+//! What the modes share: the command line, a fresh database, a private stream, the benchmark
+//! payload, and statistics.
+//!
+//! Defaults: `DATABASE_URL=postgres://root@127.0.0.1/test`, `NATS_URL=nats://127.0.0.1:4222`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use outbox_runtime::{StorageType, StreamSpec};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+const START_SERVICES: &str = "start it with `scripts/services`";
+
+/// The schema of the benchmark payload (`bench.order.placed`), for untyped emits.
+pub const ORDER_SCHEMA: &str = include_str!("../schemas/events/bench.order.placed.schema.json");
+
+/// `DATABASE_URL`, or the local default.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://root@127.0.0.1/test".into())
+}
+
+/// `NATS_URL`, or the local default.
+pub fn nats_url() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// Whether `--quick` was given (smaller sizes, for a smoke run).
+pub fn quick() -> bool {
+    std::env::args().skip(2).any(|a| a == "--quick")
+}
+
+/// Prints the command that reproduces this run, and the services it talks to.
+pub fn print_command(mode: &str) {
+    let quick = if quick() { " --quick" } else { "" };
+    println!("command: cargo run -p outbox-bench --release -- {mode}{quick}");
+    println!("services: DATABASE_URL={} NATS_URL={}", database_url(), nats_url());
+}
+
+/// A multi-threaded runtime with one worker per core.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// A name unique to this run: `b` and 12 lowercase hex digits (a valid subject token).
+pub fn unique_token() -> String {
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    format!("b{}", &id[id.len() - 12..])
+}
+
+/// A database of its own, with the outbox migrations applied; dropped when this is dropped.
+pub struct BenchDb {
+    /// A pool on the database (8 connections).
+    pub pool: PgPool,
+    /// Connection options of the database.
+    pub options: PgConnectOptions,
+    name: String,
+    admin: PgConnectOptions,
+}
+
+impl BenchDb {
+    /// Creates the database on the server of `DATABASE_URL` and migrates it.
+    pub async fn new() -> BenchDb {
+        let url = database_url();
+        let admin = PgConnectOptions::from_str(&url).expect("DATABASE_URL is a postgres URL");
+        let mut conn = admin.connect().await.unwrap_or_else(|e| {
+            panic!("cannot connect to Postgres at {url}: {e}; {START_SERVICES} (or set DATABASE_URL)")
+        });
+        let name = format!("outbox_bench_{}", unique_token());
+        sqlx::query(&format!("create database {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create the benchmark database");
+        conn.close().await.ok();
+        let options = admin.clone().database(&name);
+        let db = BenchDb {
+            pool: pool(&options, 8).await,
+            options,
+            name,
+            admin,
+        };
+        outbox_runtime::migrate(&db.pool)
+            .await
+            .expect("apply the outbox migrations");
+        db
+    }
+
+    /// Another pool on the database, of `max` connections (a relay's own, as in a process).
+    pub async fn pool(&self, max: u32) -> PgPool {
+        pool(&self.options, max).await
+    }
+
+    /// Empties `outbox_events`.
+    pub async fn truncate(&self) {
+        sqlx::query("truncate outbox_events")
+            .execute(&self.pool)
+            .await
+            .expect("truncate outbox_events");
+    }
+
+    /// `vacuum analyze outbox_events` (the server may run with autovacuum off; the benchmarks
+    /// measure a table in the state autovacuum would keep it in).
+    pub async fn vacuum(&self) {
+        sqlx::query("vacuum analyze outbox_events")
+            .execute(&self.pool)
+            .await
+            .expect("vacuum analyze outbox_events");
+    }
+
+    /// Unpublished rows.
+    pub async fn unpublished(&self) -> i64 {
+        sqlx::query_scalar("select count(*) from outbox_events where published_at is null")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count unpublished rows")
+    }
+}
+
+impl Drop for BenchDb {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        // Drop may run inside a runtime: use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                if let Ok(mut conn) = admin.connect().await {
+                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+async fn pool(options: &PgConnectOptions, max: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options.clone())
+        .await
+        .expect("connect to the benchmark database")
+}
+
+/// Connects to `NATS_URL`, failing with the command that starts it.
+pub async fn connect_nats() -> async_nats::Client {
+    let url = nats_url();
+    async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(5))
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot connect to NATS at {url}: {e}; {START_SERVICES} (or set NATS_URL)")
+        })
+}
+
+/// A stream of this run capturing `<prefix>.>`, with file storage and the default duplicate
+/// window, as a service's stream has; [`BenchStream::delete`] removes it.
+pub struct BenchStream {
+    /// JetStream on the connection that created it.
+    pub js: jetstream::Context,
+    /// The subject prefix: every event type of the run starts with `<prefix>.`.
+    pub prefix: String,
+    /// The stream name.
+    pub name: String,
+}
+
+impl BenchStream {
+    /// Creates the stream.
+    pub async fn new(client: &async_nats::Client) -> BenchStream {
+        let prefix = unique_token();
+        let js = jetstream::new(client.clone());
+        let name = prefix.to_uppercase();
+        StreamSpec {
+            name: name.clone(),
+            subjects: vec![format!("{prefix}.>")],
+            storage: StorageType::File,
+            ..Default::default()
+        }
+        .ensure(&js)
+        .await
+        .expect("create the benchmark stream");
+        BenchStream { js, prefix, name }
+    }
+
+    /// The event types the backlog uses.
+    pub fn event_types(&self) -> Vec<String> {
+        ["placed", "paid", "shipped", "cancelled"]
+            .iter()
+            .map(|a| format!("{}.order.{a}", self.prefix))
+            .collect()
+    }
+
+    /// Removes every message (between runs, so each run sees the same stream state).
+    pub async fn purge(&self) {
+        let stream = self.js.get_stream(&self.name).await.expect("the stream");
+        stream.purge().await.expect("purge the stream");
+    }
+
+    /// Messages in the stream.
+    pub async fn len(&self) -> u64 {
+        let mut stream = self.js.get_stream(&self.name).await.expect("the stream");
+        stream.info().await.expect("stream info").state.messages
+    }
+
+    /// Deletes the stream.
+    pub async fn delete(&self) {
+        let _ = self.js.delete_stream(&self.name).await;
+    }
+}
+
+/// The payload every mode uses, as SQL over `i` (row number) and `s` (subject number): valid
+/// against `bench.order.placed`, about 330 bytes of JSON.
+const PAYLOAD_SQL: &str = "jsonb_build_object(
+    'order_id', md5('order' || s)::uuid,
+    'customer_id', md5('customer' || i)::uuid,
+    'amount_cents', (i * 37) % 100000 + 2449,
+    'currency', 'EUR',
+    'lines', jsonb_build_array(
+        jsonb_build_object('sku', 'SKU-' || (i % 1000), 'qty', 1 + i % 5, 'price_cents', 1999),
+        jsonb_build_object('sku', 'SKU-' || (i % 777), 'qty', 1, 'price_cents', 450)),
+    'placed_at', to_char(now() at time zone 'utc', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+    'note', 'leave it at the front desk and ring twice')";
+
+/// Inserts `n` unpublished rows in one statement: `subjects` distinct subjects in round robin,
+/// the four event types of `stream`, `created_at` increasing. Returns the time it took.
+pub async fn fill_backlog(pool: &PgPool, prefix: &str, n: i64, subjects: i64) -> Duration {
+    fill(pool, prefix, n, subjects, None).await
+}
+
+/// Inserts `n` rows published `published_ago` ago (history), in one statement.
+pub async fn fill_published(
+    pool: &PgPool,
+    prefix: &str,
+    n: i64,
+    subjects: i64,
+    published_ago: Duration,
+) -> Duration {
+    fill(pool, prefix, n, subjects, Some(published_ago)).await
+}
+
+async fn fill(
+    pool: &PgPool,
+    prefix: &str,
+    n: i64,
+    subjects: i64,
+    published_ago: Option<Duration>,
+) -> Duration {
+    let (created, published) = match published_ago {
+        None => ("now() + i * interval '1 microsecond'", "null::timestamptz"),
+        Some(_) => (
+            "now() - $4 * interval '1 second' - interval '1 minute' + i * interval '1 microsecond'",
+            "now() - $4 * interval '1 second'",
+        ),
+    };
+    let sql = format!(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at)
+         select gen_random_uuid(),
+                $1 || '.order.' || (array['placed','paid','shipped','cancelled'])[1 + i % 4],
+                'bench',
+                md5('order' || s)::uuid::text,
+                now(),
+                {PAYLOAD_SQL},
+                {created},
+                {published}
+           from generate_series(1, $2) as g(i), lateral (select i % $3 as s) as x"
+    );
+    let started = std::time::Instant::now();
+    sqlx::query(&sql)
+        .bind(prefix)
+        .bind(n)
+        .bind(subjects)
+        .bind(published_ago.map_or(0.0, |d| d.as_secs_f64()))
+        .execute(pool)
+        .await
+        .expect("fill outbox_events");
+    started.elapsed()
+}
+
+/// Average size of `data` and of the whole row's text, in bytes.
+pub async fn payload_bytes(pool: &PgPool) -> f64 {
+    sqlx::query_scalar("select coalesce(avg(length(data::text)), 0)::float8 from outbox_events")
+        .fetch_one(pool)
+        .await
+        .expect("payload size")
+}
+
+/// A payload like the backlog's, for emits from Rust.
+pub fn payload(i: u64, subject: uuid::Uuid) -> serde_json::Value {
+    serde_json::json!({
+        "order_id": subject,
+        "customer_id": uuid::Uuid::now_v7(),
+        "amount_cents": (i * 37) % 100_000 + 2449,
+        "currency": "EUR",
+        "lines": [
+            {"sku": format!("SKU-{}", i % 1000), "qty": 1 + i % 5, "price_cents": 1999},
+            {"sku": format!("SKU-{}", i % 777), "qty": 1, "price_cents": 450}
+        ],
+        "placed_at": chrono::Utc::now(),
+        "note": "leave it at the front desk and ring twice"
+    })
+}
+
+/// The median of `values` (sorted in place).
+pub fn median(values: &mut [f64]) -> f64 {
+    assert!(!values.is_empty(), "no samples");
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// The `p`-th percentile (0..=100) of `sorted`, nearest rank.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    assert!(!sorted.is_empty(), "no samples");
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Milliseconds of `d`.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

@@ -1,0 +1,199 @@
+//! `relay`: relay throughput draining a pre-filled backlog, against raw JetStream publishing of
+//! the same envelopes in the same process.
+//!
+//! Each round fills `outbox_events` with 100,000 unpublished rows (1,000 subjects in round
+//! robin, four event types, about 330-byte payloads) in one statement, then:
+//!
+//! - **raw**: reads the rows back and publishes their envelopes (bodies serialized before the
+//!   clock starts, fresh ids so that nothing is a duplicate) with the relay's headers, in
+//!   windows of 256 publish futures whose acks are then awaited together;
+//! - **relay x1**: one [`Relay::run`] drains the backlog;
+//! - **relay x4**: four relays (each with its own pool and NATS connection, as four processes)
+//!   drain a refilled backlog of the same size.
+//!
+//! All publish to one stream (file storage, purged between runs). Last line:
+//! `relay_vs_raw_ratio=<median relay x1 rate / median raw rate>`.
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use outbox_runtime::{Envelope, Relay, RelayConfig, CONTENT_TYPE};
+use uuid::Uuid;
+
+use crate::common::{self, BenchDb, BenchStream};
+
+const SUBJECTS: i64 = 1_000;
+const WINDOW: usize = 256;
+
+/// Runs the benchmark and prints its figures.
+pub fn run() {
+    common::print_command("relay");
+    common::runtime().block_on(bench(common::quick()));
+}
+
+async fn bench(quick: bool) {
+    let events: i64 = if quick { 10_000 } else { 100_000 };
+    let rounds = if quick { 1 } else { 3 };
+    let db = BenchDb::new().await;
+    let client = common::connect_nats().await;
+    let stream = BenchStream::new(&client).await;
+    println!(
+        "backlog {events} events, {SUBJECTS} subjects, batch 256, raw window {WINDOW}, {rounds} rounds, stream {} (file storage)",
+        stream.name
+    );
+
+    let (mut raw, mut one, mut four) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        refill(&db, &stream, events).await;
+        if round == 1 {
+            let bytes = common::payload_bytes(&db.pool).await;
+            println!("payload (data) {bytes:.0} bytes on average");
+        }
+        let messages = envelopes(&db).await;
+        let took = raw_publish(&stream.js, &messages).await;
+        raw.push(events as f64 / took.as_secs_f64());
+
+        // the relays drain the backlog the raw run read (their ids were not published)
+        stream.purge().await;
+        one.push(drain(&db, &stream, 1, events).await);
+        refill(&db, &stream, events).await;
+        four.push(drain(&db, &stream, 4, events).await);
+        println!(
+            "round {round}: raw {:.0} events/s, relay x1 {:.0} events/s, relay x4 {:.0} events/s",
+            raw[raw.len() - 1],
+            one[one.len() - 1],
+            four[four.len() - 1]
+        );
+    }
+    let (raw, one, four) = (
+        common::median(&mut raw),
+        common::median(&mut one),
+        common::median(&mut four),
+    );
+    stream.delete().await;
+    drop(db);
+    println!("raw_jetstream_events_per_s={raw:.0}");
+    println!("relay_x1_events_per_s={one:.0}");
+    println!("relay_x4_events_per_s={four:.0}");
+    println!("relay_x4_vs_raw_ratio={:.2}", four / raw);
+    println!("relay_vs_raw_ratio={:.2}", one / raw);
+}
+
+/// An empty table and stream, then `events` unpublished rows, vacuumed and analyzed.
+async fn refill(db: &BenchDb, stream: &BenchStream, events: i64) {
+    db.truncate().await;
+    stream.purge().await;
+    common::fill_backlog(&db.pool, &stream.prefix, events, SUBJECTS).await;
+    db.vacuum().await;
+}
+
+struct Message {
+    subject: String,
+    id: String,
+    body: Bytes,
+}
+
+/// The backlog's envelopes, in `created_at` order, under fresh ids.
+async fn envelopes(db: &BenchDb) -> Vec<Message> {
+    type Row = (String, String, String, DateTime<Utc>, sqlx::types::Json<serde_json::Value>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "select event_type, source, subject, time, data from outbox_events order by created_at",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("read the backlog");
+    rows.into_iter()
+        .map(|(event_type, source, subject, time, data)| {
+            let id = Uuid::now_v7();
+            let envelope = Envelope::new(id, event_type.as_str(), source, subject, time, &data.0);
+            Message {
+                body: serde_json::to_vec(&envelope).expect("serialize").into(),
+                subject: event_type,
+                id: id.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Publishes `messages` in windows: every publish of a window sent, then its acks awaited.
+async fn raw_publish(js: &jetstream::Context, messages: &[Message]) -> Duration {
+    let started = Instant::now();
+    for window in messages.chunks(WINDOW) {
+        let mut acks = Vec::with_capacity(window.len());
+        for m in window {
+            let mut headers = HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, m.id.as_str());
+            headers.insert("Content-Type", CONTENT_TYPE);
+            let ack = js
+                .publish_with_headers(m.subject.clone(), headers, m.body.clone())
+                .await
+                .expect("publish");
+            acks.push(ack.into_future());
+        }
+        for ack in futures::future::join_all(acks).await {
+            let ack = ack.expect("a PubAck");
+            assert!(!ack.duplicate, "raw publishes use fresh ids");
+        }
+    }
+    started.elapsed()
+}
+
+/// Runs `relays` relays until they have published `events` rows; returns events per second.
+pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i64) -> f64 {
+    let mut started_relays = Vec::with_capacity(relays);
+    for _ in 0..relays {
+        let client = common::connect_nats().await;
+        let config = RelayConfig {
+            subjects: stream.event_types(),
+            ..Default::default()
+        };
+        let relay = Relay::new(db.pool(4).await, jetstream::new(client), config)
+            .await
+            .expect("start a relay");
+        started_relays.push(Arc::new(relay));
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let started = Instant::now();
+    let tasks: Vec<_> = started_relays
+        .iter()
+        .map(|relay| {
+            let relay = relay.clone();
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                relay
+                    .run(async move {
+                        let _ = stopped.wait_for(|s| *s).await;
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let published = |rs: &[Arc<Relay>]| rs.iter().map(|r| r.stats().published).sum::<u64>();
+    while published(&started_relays) < events as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "the relays did not drain the backlog within 10 minutes"
+        );
+    }
+    let took = started.elapsed();
+    let _ = stop.send(true);
+    for task in tasks {
+        task.await.expect("relay task").expect("relay run");
+    }
+    let batches: u64 = started_relays.iter().map(|r| r.stats().batches).sum();
+    let duplicates: u64 = started_relays.iter().map(|r| r.stats().duplicates).sum();
+    assert_eq!(db.unpublished().await, 0, "the backlog is drained");
+    assert_eq!(stream.len().await, events as u64, "every event is in the stream once");
+    println!(
+        "  relay x{relays}: {events} events in {:.0} ms, {batches} batches ({:.0} rows each), {duplicates} duplicate acks",
+        common::ms(took),
+        events as f64 / batches.max(1) as f64
+    );
+    events as f64 / took.as_secs_f64()
+}
