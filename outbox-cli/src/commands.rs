@@ -508,11 +508,12 @@ async fn relay(args: RelayArgs) -> Result<ExitCode> {
             .map_err(|e| CliError::msg(format!("cannot serve metrics on {addr}: {e}")))?;
         tracing::info!(%addr, "serving Prometheus metrics");
     }
+    let signal = shutdown_signal();
     let pool = connect::pool(&args.db, 4).await?;
     let js = connect::jetstream(&args.nats).await?;
     let relay = outbox_runtime::Relay::new(pool.clone(), js, config).await?;
     let shutdown = async {
-        shutdown_signal().await;
+        signal.await;
         tracing::info!("stopping: finishing the batch in progress");
     };
     tokio::select! {
@@ -524,25 +525,36 @@ async fn relay(args: RelayArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled, so a signal that arrives while the relay starts or runs its first
+/// batch still stops it cleanly instead of killing the process.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let interrupt = signal(SignalKind::interrupt()).ok();
+        let terminate = signal(SignalKind::terminate()).ok();
+        async move {
+            // a handler that could not be installed never fires
+            let recv = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+            };
+            tokio::select! {
+                _ = recv(interrupt) => {}
+                _ = recv(terminate) => {}
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{ConnectOptions, PgPool};
 
 use crate::{CliError, Result};
 
@@ -103,18 +103,28 @@ pub async fn pool(args: &DbArgs, max: u32) -> Result<PgPool> {
             redact(&args.database_url)
         ))
     })?;
-    PgPoolOptions::new()
+    let result = PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_with(options)
-        .await
-        .map_err(|e| {
-            CliError::msg(format!(
-                "cannot connect to Postgres at {}: {}; is it running? (`scripts/services` starts a local one)",
-                redact(&args.database_url),
-                redact_error(&e.to_string(), &args.database_url)
-            ))
-        })
+        .connect_with(options.clone())
+        .await;
+    let error = match result {
+        Ok(pool) => return Ok(pool),
+        // The pool retries a refused connection until its timeout and then only says that it
+        // timed out: one direct attempt tells the operator why.
+        Err(sqlx::Error::PoolTimedOut) => {
+            match tokio::time::timeout(Duration::from_secs(5), options.connect()).await {
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(_)) | Err(_) => "no connection within 5 s".to_owned(),
+            }
+        }
+        Err(e) => e.to_string(),
+    };
+    Err(CliError::msg(format!(
+        "cannot connect to Postgres at {}: {}; is it running? (`scripts/services` starts a local one)",
+        redact(&args.database_url),
+        redact_error(&error, &args.database_url)
+    )))
 }
 
 /// Connects to NATS with the given credentials and returns a JetStream context.

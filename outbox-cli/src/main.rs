@@ -6,6 +6,7 @@
 mod commands;
 mod connect;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -48,10 +49,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,typify_impl=warn,typify=warn")),
+            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,typify_impl=warn,typify=warn")
+            }),
         )
         .with_writer(std::io::stderr)
+        // colour codes only on a terminal: a log file or a journal gets plain lines
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,1036 @@
+//! The `outbox` command against a real Postgres and nats-server: migrate, relay (backlog,
+//! SIGTERM, restart, progress, metrics), status, check, gen, unblock and `--help`.
+//!
+//! Every test runs the built binary with `--database-url` / `--nats-url` given explicitly, on a
+//! fresh database; URLs carry passwords (Postgres trust auth and an open nats-server accept any)
+//! so that every test can check that no password is ever printed.
+
+#[path = "../../tests/tests/common/mod.rs"]
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{eventually, free_port, Ctx, TestDb};
+use outbox_runtime::{EmitExt, RawEvent};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// The password put in every Postgres URL given to the command.
+const DB_PASSWORD: &str = "pg-s3cret-9f2c";
+/// The password put in every NATS URL given to the command.
+const NATS_PASSWORD: &str = "nats-s3cret-41ab";
+
+/// How long any wait on the command or the services may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// The `outbox` binary with a clean environment: no inherited connection settings.
+fn outbox() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    for var in [
+        "DATABASE_URL",
+        "NATS_URL",
+        "NATS_CREDS",
+        "NATS_NKEY",
+        "NATS_USER",
+        "NATS_PASSWORD",
+        "NATS_TOKEN",
+        "OUTBOX_LOG",
+        "CARGO_MANIFEST_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// What a finished command printed.
+#[derive(Debug)]
+struct Output {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Output {
+    /// Fails unless the command exited with `code`, showing what it printed.
+    fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "expected exit code {code}\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    /// Fails if a password or a colour code appears in anything the command printed.
+    fn assert_clean(&self) -> &Self {
+        assert_no_secret(&self.stdout);
+        assert_no_secret(&self.stderr);
+        self
+    }
+}
+
+fn assert_no_secret(text: &str) {
+    for secret in [DB_PASSWORD, NATS_PASSWORD] {
+        assert!(!text.contains(secret), "a password was printed:\n{text}");
+    }
+    assert!(
+        !text.contains('\u{1b}'),
+        "colour codes in output that is not a terminal:\n{text:?}"
+    );
+}
+
+/// Runs `outbox <args>` to completion (on a blocking thread, so the test's runtime keeps going).
+async fn run<I, S>(args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = outbox();
+    cmd.args(args);
+    tokio::task::spawn_blocking(move || {
+        let out = cmd.output().expect("run the outbox binary");
+        Output {
+            code: out.status.code(),
+            stdout: String::from_utf8(out.stdout).expect("utf-8 stdout"),
+            stderr: String::from_utf8(out.stderr).expect("utf-8 stderr"),
+        }
+    })
+    .await
+    .expect("the command thread")
+}
+
+/// `url` with `user:password@` put in front of its host (unless it has credentials already).
+fn with_password(url: &str, user: &str, password: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) if !rest.split('/').next().unwrap_or("").contains('@') => {
+            format!("{scheme}://{user}:{password}@{rest}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// The URL of the test's database, with a password.
+fn db_url(db: &TestDb) -> String {
+    let base = common::database_url();
+    let (scheme, rest) = base.split_once("://").expect("DATABASE_URL has a scheme");
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let query = tail.find('?').map_or("", |i| &tail[i..]);
+    with_password(
+        &format!("{scheme}://{authority}/{}{query}", db.name),
+        "root",
+        DB_PASSWORD,
+    )
+}
+
+/// The shared NATS server's URL, with a user and password.
+fn nats_url() -> String {
+    with_password(&common::nats_url(), "outbox", NATS_PASSWORD)
+}
+
+/// A running `outbox` process whose stderr is collected line by line.
+struct Running {
+    child: Child,
+    stderr: Arc<Mutex<Vec<String>>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Running {
+    fn spawn(args: &[&str]) -> Running {
+        let mut child = outbox()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the outbox binary");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let closed = Arc::new(AtomicBool::new(false));
+        let (lines, eof) = (stderr.clone(), closed.clone());
+        let pipe = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                match line {
+                    Ok(line) => lines.lock().unwrap().push(line),
+                    Err(_) => break,
+                }
+            }
+            eof.store(true, Ordering::SeqCst);
+        });
+        Running {
+            child,
+            stderr,
+            closed,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// Sends SIGTERM to this child only, by its pid.
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {} failed", self.child.id());
+    }
+
+    /// Waits for the exit and returns the exit code (`None` when a signal killed it).
+    async fn wait(&mut self) -> Option<i32> {
+        let mut code = None;
+        eventually(PATIENCE, "the outbox process to exit", || {
+            let status = self.child.try_wait().expect("poll the child");
+            code = status.map(|s| s.code());
+            std::future::ready(status.is_some())
+        })
+        .await;
+        // the reader thread has the last lines once the pipe closes
+        eventually(PATIENCE, "the outbox process's stderr to close", || {
+            std::future::ready(self.closed.load(Ordering::SeqCst))
+        })
+        .await;
+        code.flatten()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+async fn published_ids(db: &TestDb) -> HashSet<Uuid> {
+    sqlx::query_scalar("select id from outbox_events where published_at is not null")
+        .fetch_all(&db.pool)
+        .await
+        .expect("published ids")
+        .into_iter()
+        .collect()
+}
+
+async fn count_published(db: &TestDb) -> i64 {
+    sqlx::query_scalar("select count(*) from outbox_events where published_at is not null")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count published rows")
+}
+
+/// GET /metrics on `addr` with a bare TCP connection; the body, or `None` if nothing answers.
+fn scrape(addr: &str) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// The sum of a counter's samples over its labels in Prometheus text.
+fn counter_total(metrics: &str, name: &str) -> Option<f64> {
+    let samples: Vec<f64> = metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn help_works_on_every_subcommand() {
+    let top = run(["--help"]).await;
+    top.expect_code(0);
+    // the subcommands, as the help lists them
+    let mut commands: Vec<String> = top
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .filter(|c| c != "help")
+        .collect();
+    for expected in [
+        "migrate", "relay", "status", "check", "gen", "tail", "unblock", "prune", "stream",
+    ] {
+        assert!(
+            commands.iter().any(|c| c == expected),
+            "`outbox --help` does not list `{expected}`:\n{}",
+            top.stdout
+        );
+    }
+    commands.push("stream ensure".into());
+    for command in &commands {
+        let mut args: Vec<&str> = command.split(' ').collect();
+        args.push("--help");
+        let out = run(&args).await;
+        out.expect_code(0);
+        assert!(
+            out.stdout.contains(&format!("Usage: outbox {command}")),
+            "`outbox {command} --help` shows no usage:\n{}",
+            out.stdout
+        );
+    }
+}
+
+#[tokio::test]
+async fn migrate_creates_the_tables_on_an_empty_database_and_can_run_again() {
+    let db = TestDb::empty().await;
+    let url = db_url(&db);
+    let table_exists = |name: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("select to_regclass($1) is not null")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .expect("query the catalog")
+        }
+    };
+    assert!(!table_exists("outbox_events").await);
+
+    let expected: Vec<String> = outbox_runtime::MIGRATOR
+        .iter()
+        .map(|m| format!("applied {:04} {}", m.version, m.description))
+        .collect();
+    assert!(expected.len() >= 2, "the outbox has its migrations");
+    for round in ["first", "second"] {
+        let out = run(["migrate", "--database-url", &url]).await;
+        out.expect_code(0).assert_clean();
+        let printed: Vec<&str> = out.stdout.lines().collect();
+        assert_eq!(printed, expected, "the {round} run prints every migration");
+        assert!(table_exists("outbox_events").await);
+        assert!(table_exists("outbox_consumed").await);
+        assert!(table_exists("outbox_events_unpublished_idx").await);
+    }
+}
+
+/// Inserts `n` unpublished rows of `event_type` over 50 subjects, in transactions of 5,000,
+/// each row with its own `created_at`.
+async fn fill_backlog(db: &TestDb, event_type: &str, n: i64) {
+    let mut from = 1;
+    while from <= n {
+        let to = (from + 4_999).min(n);
+        let mut tx = db.pool.begin().await.expect("begin");
+        sqlx::query(
+            "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+             select gen_random_uuid(), $1, 'cli-test', 'account-' || (i % 50), now(), \
+                    jsonb_build_object('n', i), clock_timestamp() \
+               from generate_series($2::bigint, $3::bigint) as i",
+        )
+        .bind(event_type)
+        .bind(from)
+        .bind(to)
+        .execute(&mut *tx)
+        .await
+        .expect("insert the backlog");
+        tx.commit().await.expect("commit");
+        from = to + 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_drains_a_backlog_stops_on_sigterm_with_nothing_half_done_and_resumes() {
+    const TOTAL: i64 = 20_000;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("relay.row.changed");
+    fill_backlog(&ctx.db, &event_type, TOTAL).await;
+    let url = db_url(&ctx.db);
+    let nats = nats_url();
+    let relay_args = |metrics: &str| -> Vec<String> {
+        [
+            "relay",
+            "--database-url",
+            &url,
+            "--nats-url",
+            &nats,
+            "--subject",
+            &event_type,
+            "--batch-size",
+            "100",
+            "--metrics-addr",
+            metrics,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+
+    // First run: stopped by SIGTERM while draining.
+    let args = relay_args(&format!("127.0.0.1:{}", free_port()));
+    let mut relay = Running::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    eventually(PATIENCE, "the relay to publish some rows", || async {
+        count_published(&ctx.db).await > 0
+    })
+    .await;
+    relay.terminate();
+    let code = relay.wait().await;
+    let log = relay.stderr();
+    assert_eq!(code, Some(0), "the relay exits 0 on SIGTERM:\n{log}");
+    assert_no_secret(&log);
+    assert!(
+        log.contains("stopping: finishing the batch in progress")
+            && log.contains("relay stopped cleanly"),
+        "the relay says it stops cleanly:\n{log}"
+    );
+
+    let published = published_ids(&ctx.db).await;
+    assert!(
+        (published.len() as i64) < TOTAL,
+        "SIGTERM arrived after the whole backlog was published; the test needs a larger backlog"
+    );
+    let stream_ids: HashSet<Uuid> = ctx
+        .read_stream()
+        .await
+        .iter()
+        .map(|m| m.msg_id.parse().expect("Nats-Msg-Id is a uuid"))
+        .collect();
+    let missing: Vec<&Uuid> = published.difference(&stream_ids).take(5).collect();
+    assert!(
+        missing.is_empty(),
+        "rows marked published are not in the stream: {missing:?}"
+    );
+    let unmarked: Vec<&Uuid> = stream_ids.difference(&published).take(5).collect();
+    assert!(
+        unmarked.is_empty(),
+        "the stream holds events whose rows are not marked published (a batch was cut short): {unmarked:?}"
+    );
+
+    // Second run: drains the rest, reports progress and serves metrics.
+    let remaining = TOTAL - published.len() as i64;
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let args = relay_args(&metrics_addr);
+    let mut relay = Running::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    eventually(PATIENCE, "the relay to drain the rest", || async {
+        ctx.db.unpublished().await == 0
+    })
+    .await;
+    let mut scraped = String::new();
+    eventually(
+        PATIENCE,
+        "outbox_events_published_total to count the rows this run published",
+        || {
+            scraped = scrape(&metrics_addr).unwrap_or_default();
+            let total = counter_total(&scraped, "outbox_events_published_total");
+            std::future::ready(total == Some(remaining as f64))
+        },
+    )
+    .await;
+    assert!(
+        scraped.contains(&format!(
+            "outbox_events_published_total{{event_type=\"{event_type}\"}} {remaining}"
+        )),
+        "the counter is labelled with the event type:\n{scraped}"
+    );
+    // The progress line is a plain log line every 10 s when stderr is not a terminal.
+    let mut progress = String::new();
+    eventually(PATIENCE, "a progress log line", || {
+        progress = relay
+            .stderr()
+            .lines()
+            .find(|l| l.contains("published/s") && l.contains("backlog"))
+            .unwrap_or_default()
+            .to_owned();
+        std::future::ready(!progress.is_empty())
+    })
+    .await;
+    let backlog: i64 = progress
+        .split("backlog")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the progress line names the backlog: {progress}"));
+    assert!(
+        (0..=remaining).contains(&backlog),
+        "backlog {backlog} out of range: {progress}"
+    );
+    assert!(progress.contains("at cap 0"), "{progress}");
+    relay.terminate();
+    let code = relay.wait().await;
+    let log = relay.stderr();
+    assert_eq!(code, Some(0), "the relay exits 0 on SIGTERM:\n{log}");
+    assert_no_secret(&log);
+
+    let messages = ctx.read_stream().await;
+    let ids: HashSet<Uuid> = messages
+        .iter()
+        .map(|m| m.msg_id.parse().expect("Nats-Msg-Id is a uuid"))
+        .collect();
+    assert_eq!(messages.len() as i64, TOTAL, "each row is stored once");
+    assert_eq!(ids, published_ids(&ctx.db).await, "every row, by its id");
+    ctx.delete_stream().await;
+}
+
+/// Inserts a row of `event_type` in a known state, created `age_secs` ago.
+async fn insert_row(db: &TestDb, event_type: &str, attempts: i32, published: bool, age_secs: f64) {
+    sqlx::query(
+        "insert into outbox_events \
+           (id, event_type, source, subject, time, data, created_at, published_at, attempts) \
+         values ($1, $2, 'cli-test', 'platform', now(), '{}'::jsonb, \
+                 now() - make_interval(secs => $3), \
+                 case when $4 then now() end, $5)",
+    )
+    .bind(Uuid::now_v7())
+    .bind(event_type)
+    .bind(age_secs)
+    .bind(published)
+    .bind(attempts)
+    .execute(&db.pool)
+    .await
+    .expect("insert a row");
+}
+
+#[tokio::test]
+async fn status_reports_the_table_and_exits_by_its_thresholds() {
+    let db = TestDb::new().await;
+    // a.one.created: 3 new, 2 retried once, 1 at the cap (5), 4 published
+    for _ in 0..3 {
+        insert_row(&db, "a.one.created", 0, false, 5.0).await;
+    }
+    for _ in 0..2 {
+        insert_row(&db, "a.one.created", 1, false, 5.0).await;
+    }
+    insert_row(&db, "a.one.created", 5, false, 7_200.0).await;
+    for _ in 0..4 {
+        insert_row(&db, "a.one.created", 0, true, 9_000.0).await;
+    }
+    // b.two.created: 2 retried twice, 1 past the cap, 1 published
+    for _ in 0..2 {
+        insert_row(&db, "b.two.created", 2, false, 60.0).await;
+    }
+    insert_row(&db, "b.two.created", 7, false, 600.0).await;
+    insert_row(&db, "b.two.created", 9, true, 9_000.0).await;
+    let url = db_url(&db);
+    let status = |extra: &[&str]| {
+        let mut args = vec![
+            "status".to_owned(),
+            "--database-url".into(),
+            url.clone(),
+            "--max-attempts".into(),
+            "5".into(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        run(args)
+    };
+
+    let out = status(&["--json"]).await;
+    out.expect_code(0).assert_clean();
+    let v: Value = serde_json::from_str(&out.stdout).expect("status --json prints JSON");
+    assert_eq!(v["unpublished"], 9, "{v:#}");
+    assert_eq!(v["at_cap"], 2, "{v:#}");
+    assert_eq!(v["max_attempts"], 5, "{v:#}");
+    assert_eq!(
+        v["attempts"],
+        serde_json::json!([[0, 3], [1, 2], [2, 2], [5, 1], [7, 1]]),
+        "{v:#}"
+    );
+    assert_eq!(v["thresholds_crossed"], serde_json::json!([]), "{v:#}");
+    let oldest = v["oldest_unpublished_age"].as_f64().expect("an age");
+    assert!((7_200.0..86_400.0).contains(&oldest), "{v:#}");
+    let by_type: BTreeMap<&str, (i64, i64, f64)> = v["by_type"]
+        .as_array()
+        .expect("by_type")
+        .iter()
+        .map(|t| {
+            (
+                t["event_type"].as_str().expect("event_type"),
+                (
+                    t["unpublished"].as_i64().expect("unpublished"),
+                    t["at_cap"].as_i64().expect("at_cap"),
+                    t["oldest_unpublished_age"].as_f64().expect("age"),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(by_type.len(), 2, "{v:#}");
+    assert_eq!(by_type["a.one.created"].0, 6);
+    assert_eq!(by_type["a.one.created"].1, 1);
+    assert!(by_type["a.one.created"].2 >= 7_200.0);
+    assert_eq!(by_type["b.two.created"].0, 3);
+    assert_eq!(by_type["b.two.created"].1, 1);
+    assert!((600.0..7_200.0).contains(&by_type["b.two.created"].2));
+
+    // The table shows the same figures.
+    let out = status(&[]).await;
+    out.expect_code(0).assert_clean();
+    let table: Vec<Vec<&str>> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let row = |first: &str| -> Vec<&str> {
+        table
+            .iter()
+            .find(|cells| cells.first() == Some(&first))
+            .unwrap_or_else(|| panic!("no `{first}` line in\n{}", out.stdout))
+            .clone()
+    };
+    assert_eq!(row("unpublished"), ["unpublished", "9"]);
+    assert_eq!(row("at"), ["at", "attempt", "cap", "(5)", "2"]);
+    assert_eq!(
+        row("attempts"),
+        ["attempts", "0:3", "1:2", "2:2", "5:1", "7:1"]
+    );
+    assert_eq!(row("oldest")[..2], ["oldest", "unpublished"]);
+    assert!(row("oldest")[2].ends_with('h'), "{}", out.stdout);
+    let a = row("a.one.created");
+    assert_eq!((a[1], a[3]), ("6", "1"), "{}", out.stdout);
+    let b = row("b.two.created");
+    assert_eq!((b[1], b[3]), ("3", "1"), "{}", out.stdout);
+    assert!(!out.stdout.contains("THRESHOLD"), "{}", out.stdout);
+
+    // Thresholds: crossing exits 1 and names it; reaching exactly does not.
+    let crossed: [(&[&str], &str); 3] = [
+        (&["--max-backlog", "8"], "9 unpublished (max 8)"),
+        (
+            &["--max-at-cap", "1"],
+            "2 row(s) at the attempt cap (max 1)",
+        ),
+        (&["--max-age", "3600"], "(max 3600s)"),
+    ];
+    for (flags, says) in crossed {
+        let out = status(flags).await;
+        out.expect_code(1).assert_clean();
+        assert!(
+            out.stdout.contains("THRESHOLD: ") && out.stdout.contains(says),
+            "{flags:?} names the crossed threshold `{says}`:\n{}",
+            out.stdout
+        );
+        let mut json_flags = flags.to_vec();
+        json_flags.push("--json");
+        let out = status(&json_flags).await;
+        out.expect_code(1);
+        let v: Value = serde_json::from_str(&out.stdout).expect("JSON");
+        let list = v["thresholds_crossed"].as_array().expect("a list");
+        assert_eq!(list.len(), 1, "{v:#}");
+        assert!(list[0].as_str().unwrap().contains(says), "{v:#}");
+    }
+    let all_crossed = status(&["--max-backlog", "0", "--max-at-cap", "0", "--max-age", "1"]).await;
+    all_crossed.expect_code(1);
+    assert_eq!(
+        all_crossed.stdout.matches("THRESHOLD: ").count(),
+        3,
+        "every crossed threshold is named:\n{}",
+        all_crossed.stdout
+    );
+    let within = status(&[
+        "--max-backlog",
+        "9",
+        "--max-at-cap",
+        "2",
+        "--max-age",
+        "86400",
+    ])
+    .await;
+    within.expect_code(0);
+    assert!(!within.stdout.contains("THRESHOLD"), "{}", within.stdout);
+}
+
+#[tokio::test]
+async fn unreachable_services_exit_2_naming_the_redacted_url_and_the_fix() {
+    let port = free_port();
+    let url = format!("postgres://app:{DB_PASSWORD}@127.0.0.1:{port}/billing");
+    for command in ["status", "migrate", "unblock --all", "prune"] {
+        let mut args: Vec<&str> = command.split(' ').collect();
+        args.extend(["--database-url", &url]);
+        let out = run(&args).await;
+        out.expect_code(2).assert_clean();
+        assert!(
+            out.stderr.contains(&format!(
+                "cannot connect to Postgres at postgres://app:***@127.0.0.1:{port}/billing"
+            )) && out.stderr.contains("scripts/services"),
+            "`outbox {command}` names the redacted URL and the fix:\n{}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains("refused"),
+            "`outbox {command}` says why it cannot connect:\n{}",
+            out.stderr
+        );
+    }
+
+    // The relay: Postgres reachable, NATS not; the NATS password may also come from the
+    // environment.
+    let db = TestDb::new().await;
+    let nats_port = free_port();
+    let out = run([
+        "relay",
+        "--database-url",
+        &db_url(&db),
+        "--nats-url",
+        &format!("nats://outbox:{NATS_PASSWORD}@127.0.0.1:{nats_port}"),
+    ])
+    .await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains(&format!(
+            "cannot connect to NATS at nats://outbox:***@127.0.0.1:{nats_port}"
+        )) && out.stderr.contains("scripts/services"),
+        "{}",
+        out.stderr
+    );
+    let mut cmd = outbox();
+    cmd.args([
+        "tail",
+        "--nats-url",
+        &format!("nats://127.0.0.1:{nats_port}"),
+        "a.b.c",
+    ])
+    .env("NATS_USER", "outbox")
+    .env("NATS_PASSWORD", NATS_PASSWORD);
+    let out = tokio::task::spawn_blocking(move || cmd.output().expect("run outbox tail"))
+        .await
+        .expect("thread");
+    let out = Output {
+        code: out.status.code(),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    };
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains("cannot connect to NATS"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A folder of event schemas, each problem in its own file.
+fn broken_schemas() -> (
+    tempfile::TempDir,
+    Vec<(&'static str, &'static str, &'static str)>,
+) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let files: [(&str, &str); 5] = [
+        (
+            "billing.Invoice.paid.schema.json",
+            r#"{ "title": "InvoicePaid", "type": "object" }"#,
+        ),
+        (
+            "billing.invoice.sent.schema.json",
+            "{\n  \"title\": \"InvoiceSent\",\n  \"type\": \"object\",\n}",
+        ),
+        (
+            "billing.invoice.voided.schema.json",
+            r#"{ "type": "object", "properties": { "n": { "type": "integer" } } }"#,
+        ),
+        (
+            "billing.invoice.created.schema.json",
+            r#"{ "title": "InvoiceCreated", "type": "object", "x-outbox-subject": "invoice_id",
+                 "required": ["id"], "properties": { "id": { "type": "string" } } }"#,
+        ),
+        (
+            "billing.invoice.issued.schema.json",
+            r#"{ "title": "InvoiceIssued", "type": "object", "x-outbox-subject": "id",
+                 "required": ["id"], "properties": { "id": { "type": "string" } } }"#,
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("write a schema");
+    }
+    // (file, where, what): every problem `check` must report
+    let problems = vec![
+        (
+            "billing.Invoice.paid.schema.json",
+            "invalid event type `billing.Invoice.paid` in the file name",
+            "rename the file",
+        ),
+        (
+            "billing.invoice.sent.schema.json",
+            "at the root: not valid JSON",
+            "fix the syntax",
+        ),
+        (
+            "billing.invoice.voided.schema.json",
+            "at the root: the schema has no `title`",
+            "add one",
+        ),
+        (
+            "billing.invoice.created.schema.json",
+            "at /x-outbox-subject: `x-outbox-subject` names `invoice_id`, which is not in `properties`",
+            "name an existing property",
+        ),
+    ];
+    (dir, problems)
+}
+
+#[tokio::test]
+async fn check_lists_every_problem_with_its_file_and_pointer() {
+    let (dir, problems) = broken_schemas();
+    let out = run([std::ffi::OsStr::new("check"), dir.path().as_os_str()]).await;
+    out.expect_code(1);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    for (file, at, fix) in &problems {
+        let path = dir.path().join(file);
+        let prefix = format!("{}: {at}", path.display());
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&prefix) && l.contains(fix)),
+            "no line `{prefix} ... {fix}` in\n{}",
+            out.stdout
+        );
+    }
+    assert!(
+        !out.stdout.contains("billing.invoice.issued"),
+        "the valid schema has no problem:\n{}",
+        out.stdout
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some(format!("{} problem(s) in {}", problems.len(), dir.path().display()).as_str()),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(lines.len(), problems.len() + 1, "{}", out.stdout);
+
+    let schemas = repo_root().join("schemas/events");
+    let out = run([std::ffi::OsStr::new("check"), schemas.as_os_str()]).await;
+    out.expect_code(0);
+    assert_eq!(out.stdout.trim(), format!("{}: ok", schemas.display()));
+}
+
+#[test]
+fn gen_prints_rust_that_compiles() {
+    let schemas = repo_root().join("schemas/events");
+    let out = outbox()
+        .arg("gen")
+        .arg(&schemas)
+        .args(["--source", "billing"])
+        .output()
+        .expect("run outbox gen");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "outbox gen failed:\n{stderr}");
+    let code = String::from_utf8(out.stdout).expect("utf-8 Rust");
+    for title in [
+        "SubscriptionCreated",
+        "SubscriptionCancelled",
+        "SubscriptionPlanChanged",
+    ] {
+        assert!(
+            code.contains(&format!("pub struct {title}")),
+            "no `{title}` in the output"
+        );
+    }
+    assert!(code.contains("source = \"billing\""), "{code}");
+
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("outbox-cli-gen");
+    std::fs::create_dir_all(&dir).expect("create the test folder");
+    let file = dir.join("gen_compiles.rs");
+    std::fs::write(
+        &file,
+        format!(
+            "mod events {{\n{code}\n}}\n\nfn main() {{\n    let _ = events::EVENT_SCHEMAS;\n    \
+             assert_eq!(events::EVENT_SCHEMAS.len(), 3);\n    \
+             assert_eq!(\n        <events::SubscriptionCreated as outbox_runtime::OutboxEvent>::SOURCE,\n        \"billing\"\n    );\n}}\n"
+        ),
+    )
+    .expect("write the generated file");
+    trybuild::TestCases::new().pass(&file);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unblock_republishes_a_capped_row_with_its_id() {
+    let ctx = Ctx::new().await;
+    let event_type = ctx.event_type("unblock.row.changed");
+    let url = db_url(&ctx.db);
+    let nats = nats_url();
+    let schemas = common::open_schemas(std::slice::from_ref(&event_type));
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let mut tx = ctx.pool().begin().await.expect("begin");
+        let id = tx
+            .emit_raw(
+                &schemas,
+                RawEvent {
+                    event_type: event_type.clone(),
+                    source: "cli-test".into(),
+                    subject: "account-1".into(),
+                    time: None,
+                    data: serde_json::json!({ "n": n }),
+                },
+            )
+            .await
+            .expect("emit");
+        tx.commit().await.expect("commit");
+        ids.push(id);
+    }
+    let (capped, held) = (ids[0], ids[1]);
+
+    // No stream captures the type yet: the relay's start-up check refuses it ...
+    let out = run([
+        "relay",
+        "--database-url",
+        &url,
+        "--nats-url",
+        &nats,
+        "--subject",
+        &event_type,
+    ])
+    .await;
+    out.expect_code(2).assert_clean();
+    assert!(out.stderr.contains(&event_type), "{}", out.stderr);
+
+    // ... and without the check every publish fails, until the first row reaches the cap.
+    let mut relay = Running::spawn(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--nats-url",
+        &nats,
+        "--max-attempts",
+        "2",
+        "--backoff-base",
+        "0.05",
+        "--backoff-max",
+        "0.2",
+        "--poll-interval",
+        "0.1",
+        "--ack-timeout",
+        "1",
+    ]);
+    let attempts = |id: Uuid| {
+        let pool = ctx.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i32>("select attempts from outbox_events where id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("the row's attempts")
+        }
+    };
+    eventually(
+        PATIENCE,
+        "the first row to reach the attempt cap",
+        || async { attempts(capped).await >= 2 },
+    )
+    .await;
+    eventually(PATIENCE, "the relay to log the capped row", || {
+        std::future::ready(
+            relay
+                .stderr()
+                .lines()
+                .any(|l| l.contains("reached the attempt cap") && l.contains(&capped.to_string())),
+        )
+    })
+    .await;
+    relay.terminate();
+    assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+    assert_no_secret(&relay.stderr());
+    assert_eq!(attempts(capped).await, 2, "left alone at the cap");
+    assert_eq!(attempts(held).await, 0, "held behind it, never attempted");
+
+    let out = run([
+        "status",
+        "--database-url",
+        &url,
+        "--max-attempts",
+        "2",
+        "--max-at-cap",
+        "0",
+        "--json",
+    ])
+    .await;
+    out.expect_code(1);
+    let v: Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(
+        (v["unpublished"].as_i64(), v["at_cap"].as_i64()),
+        (Some(2), Some(1))
+    );
+
+    // The cause is fixed, then the row is unblocked by its id.
+    ctx.ensure_stream().await;
+    let unblock = |id: Uuid| {
+        run([
+            "unblock".to_owned(),
+            "--database-url".into(),
+            url.clone(),
+            "--id".into(),
+            id.to_string(),
+            "--max-attempts".into(),
+            "2".into(),
+        ])
+    };
+    let out = unblock(held).await;
+    out.expect_code(0).assert_clean();
+    assert_eq!(
+        out.stdout.trim(),
+        "0 row(s) will be published again",
+        "a row below the cap is not touched"
+    );
+    let out = unblock(capped).await;
+    out.expect_code(0).assert_clean();
+    assert_eq!(
+        out.stdout.lines().collect::<Vec<_>>(),
+        [
+            format!("unblocked {capped}").as_str(),
+            "1 row(s) will be published again"
+        ]
+    );
+    assert_eq!(attempts(capped).await, 0);
+
+    let mut relay = Running::spawn(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--nats-url",
+        &nats,
+        "--subject",
+        &event_type,
+        "--max-attempts",
+        "2",
+    ]);
+    eventually(PATIENCE, "the relay to publish both rows", || async {
+        ctx.db.unpublished().await == 0
+    })
+    .await;
+    relay.terminate();
+    assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+    let messages = ctx.read_stream().await;
+    let got: Vec<(String, Uuid)> = messages
+        .iter()
+        .map(|m| (m.msg_id.clone(), m.envelope.id))
+        .collect();
+    assert_eq!(
+        got,
+        [(capped.to_string(), capped), (held.to_string(), held)],
+        "the unblocked row keeps its id, and the held row follows it"
+    );
+    ctx.delete_stream().await;
+
+    // Without a selector, unblock is a usage error.
+    let out = run(["unblock", "--database-url", &url]).await;
+    out.expect_code(2);
+    assert!(
+        out.stderr.contains("--id") && out.stderr.contains("--all"),
+        "{}",
+        out.stderr
+    );
+}
