@@ -34,7 +34,7 @@ struct Table {
 
 /// Runs the benchmark and prints its figures.
 pub fn run() {
-    common::print_command("claim");
+    common::print_command();
     common::runtime().block_on(bench(common::quick()));
 }
 
@@ -58,7 +58,10 @@ async fn bench(quick: bool) {
                 Duration::from_secs(3600),
             )
             .await;
-            println!("filled {rows} published rows in {:.1} s", took.as_secs_f64());
+            println!(
+                "filled {rows} published rows in {:.1} s",
+                took.as_secs_f64()
+            );
         }
         db.vacuum().await;
         let relay = Relay::new(

@@ -32,10 +32,17 @@ pub fn quick() -> bool {
 }
 
 /// Prints the command that reproduces this run, and the services it talks to.
-pub fn print_command(mode: &str) {
-    let quick = if quick() { " --quick" } else { "" };
-    println!("command: cargo run -p outbox-bench --release -- {mode}{quick}");
-    println!("services: DATABASE_URL={} NATS_URL={}", database_url(), nats_url());
+pub fn print_command() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    println!(
+        "command: cargo run -p outbox-bench --release -- {}",
+        args.join(" ")
+    );
+    println!(
+        "services: DATABASE_URL={} NATS_URL={}",
+        database_url(),
+        nats_url()
+    );
 }
 
 /// A multi-threaded runtime with one worker per core.
@@ -68,7 +75,9 @@ impl BenchDb {
         let url = database_url();
         let admin = PgConnectOptions::from_str(&url).expect("DATABASE_URL is a postgres URL");
         let mut conn = admin.connect().await.unwrap_or_else(|e| {
-            panic!("cannot connect to Postgres at {url}: {e}; {START_SERVICES} (or set DATABASE_URL)")
+            panic!(
+                "cannot connect to Postgres at {url}: {e}; {START_SERVICES} (or set DATABASE_URL)"
+            )
         });
         let name = format!("outbox_bench_{}", unique_token());
         sqlx::query(&format!("create database {name}"))
@@ -332,4 +341,51 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Milliseconds of `d`.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// The value of `--<name>=<n>`, if given.
+pub fn option(name: &str) -> Option<u64> {
+    let prefix = format!("--{name}=");
+    std::env::args().skip(2).find_map(|a| {
+        a.strip_prefix(&prefix).map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("--{name} takes a positive integer, got `{v}`"))
+        })
+    })
+}
+
+/// Busy and total CPU time of the whole machine so far (`/proc/stat`, in clock ticks), to tell
+/// whether a run was bound by the CPU (every process counts: Postgres, nats-server, this one).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuTicks {
+    busy: u64,
+    total: u64,
+}
+
+impl CpuTicks {
+    /// Reads `/proc/stat` (zeros where it does not exist).
+    pub fn now() -> CpuTicks {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let total: u64 = fields.iter().sum();
+        let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+        CpuTicks {
+            busy: total - idle,
+            total,
+        }
+    }
+
+    /// The share of the machine's CPU time that was busy since `self`, in percent.
+    pub fn busy_since(self) -> f64 {
+        let now = CpuTicks::now();
+        let total = now.total.saturating_sub(self.total).max(1);
+        100.0 * now.busy.saturating_sub(self.busy) as f64 / total as f64
+    }
 }

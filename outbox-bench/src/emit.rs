@@ -50,7 +50,8 @@ struct Line {
     price_cents: u64,
 }
 
-const INSERT: &str = "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+const INSERT: &str =
+    "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
      values ($1, $2, $3, $4, $5, $6, clock_timestamp())";
 
 const INSERT_NOTIFY: &str = "with inserted as ( \
@@ -141,7 +142,7 @@ async fn run_variant(
 
 /// Runs the benchmark and prints its figures.
 pub fn run() {
-    common::print_command("emit");
+    common::print_command();
     common::runtime().block_on(bench(common::quick()));
 }
 
@@ -188,7 +189,8 @@ async fn bench(quick: bool) {
             par[2][round]
         );
     }
-    let m = |v: &mut Vec<Vec<f64>>| -> Vec<f64> { v.iter_mut().map(|s| common::median(s)).collect() };
+    let m =
+        |v: &mut Vec<Vec<f64>>| -> Vec<f64> { v.iter_mut().map(|s| common::median(s)).collect() };
     let (one, ten, par) = (m(&mut one), m(&mut ten), m(&mut par));
     drop(conn);
     drop(db);

@@ -2,7 +2,7 @@
 //!
 //! An emitter commits one event per transaction (`emit_raw`, validated against
 //! `bench.order.placed`, 1,000 subjects in round robin) on a fixed schedule, one every
-//! millisecond for 10 s; each emit runs in its own task on a pool of 8 connections, so a slow
+//! millisecond for 10 s; each emit runs in its own task on a pool of 32 connections, so a slow
 //! commit does not shift the schedule. One relay runs with its LISTEN/NOTIFY wake-up (fallback
 //! poll 5 s, the default). An ordered JetStream consumer on the stream reads every message.
 //!
@@ -23,11 +23,14 @@ use uuid::Uuid;
 use crate::common::{self, BenchDb, BenchStream};
 
 const RATE: u64 = 1_000;
+
+/// One committed event: its schedule index, id, the moment before `COMMIT`, the commit's time.
+type Committed = (u64, Uuid, Instant, Duration);
 const SUBJECTS: u64 = 1_000;
 
 /// Runs the benchmark and prints its figures.
 pub fn run() {
-    common::print_command("latency");
+    common::print_command();
     common::runtime().block_on(bench(common::quick()));
 }
 
@@ -101,16 +104,17 @@ async fn bench(quick: bool) {
     });
 
     // the emitter
-    let committed: Arc<Mutex<Vec<(u64, Uuid, Instant, Duration)>>> =
+    let committed: Arc<Mutex<Vec<Committed>>> =
         Arc::new(Mutex::new(Vec::with_capacity(total as usize)));
     let subjects: Vec<Uuid> = (0..SUBJECTS).map(|_| Uuid::now_v7()).collect();
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let emit_pool = db.pool(32).await;
     let mut emits = Vec::with_capacity(total as usize);
     let schedule_started = Instant::now();
     for i in 0..total {
         tick.tick().await;
-        let (pool, schemas, committed) = (db.pool.clone(), schemas.clone(), committed.clone());
+        let (pool, schemas, committed) = (emit_pool.clone(), schemas.clone(), committed.clone());
         let subject = subjects[(i % SUBJECTS) as usize];
         let event = RawEvent {
             event_type: event_type.clone(),

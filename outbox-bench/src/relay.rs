@@ -30,9 +30,13 @@ use crate::common::{self, BenchDb, BenchStream};
 const SUBJECTS: i64 = 1_000;
 const WINDOW: usize = 256;
 
+fn batch_size() -> usize {
+    common::option("batch").map_or(256, |b| b as usize)
+}
+
 /// Runs the benchmark and prints its figures.
 pub fn run() {
-    common::print_command("relay");
+    common::print_command();
     common::runtime().block_on(bench(common::quick()));
 }
 
@@ -43,7 +47,8 @@ async fn bench(quick: bool) {
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
-        "backlog {events} events, {SUBJECTS} subjects, batch 256, raw window {WINDOW}, {rounds} rounds, stream {} (file storage)",
+        "backlog {events} events, {SUBJECTS} subjects, relay batch {}, raw window {WINDOW}, {rounds} rounds, stream {} (file storage)",
+        batch_size(),
         stream.name
     );
 
@@ -55,14 +60,24 @@ async fn bench(quick: bool) {
             println!("payload (data) {bytes:.0} bytes on average");
         }
         let messages = envelopes(&db).await;
+        let cpu = common::CpuTicks::now();
         let took = raw_publish(&stream.js, &messages).await;
         raw.push(events as f64 / took.as_secs_f64());
+        println!(
+            "  raw: {events} events in {:.0} ms, machine CPU {:.0}% busy",
+            common::ms(took),
+            cpu.busy_since()
+        );
 
         // the relays drain the backlog the raw run read (their ids were not published)
         stream.purge().await;
         one.push(drain(&db, &stream, 1, events).await);
         refill(&db, &stream, events).await;
         four.push(drain(&db, &stream, 4, events).await);
+        if round == 1 {
+            refill(&db, &stream, events).await;
+            steps(&db, &stream).await;
+        }
         println!(
             "round {round}: raw {:.0} events/s, relay x1 {:.0} events/s, relay x4 {:.0} events/s",
             raw[raw.len() - 1],
@@ -100,7 +115,13 @@ struct Message {
 
 /// The backlog's envelopes, in `created_at` order, under fresh ids.
 async fn envelopes(db: &BenchDb) -> Vec<Message> {
-    type Row = (String, String, String, DateTime<Utc>, sqlx::types::Json<serde_json::Value>);
+    type Row = (
+        String,
+        String,
+        String,
+        DateTime<Utc>,
+        sqlx::types::Json<serde_json::Value>,
+    );
     let rows: Vec<Row> = sqlx::query_as(
         "select event_type, source, subject, time, data from outbox_events order by created_at",
     )
@@ -150,6 +171,7 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
         let client = common::connect_nats().await;
         let config = RelayConfig {
             subjects: stream.event_types(),
+            batch_size: batch_size(),
             ..Default::default()
         };
         let relay = Relay::new(db.pool(4).await, jetstream::new(client), config)
@@ -158,6 +180,7 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
         started_relays.push(Arc::new(relay));
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let cpu = common::CpuTicks::now();
     let started = Instant::now();
     let tasks: Vec<_> = started_relays
         .iter()
@@ -182,6 +205,7 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
         );
     }
     let took = started.elapsed();
+    let busy = cpu.busy_since();
     let _ = stop.send(true);
     for task in tasks {
         task.await.expect("relay task").expect("relay run");
@@ -189,11 +213,59 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
     let batches: u64 = started_relays.iter().map(|r| r.stats().batches).sum();
     let duplicates: u64 = started_relays.iter().map(|r| r.stats().duplicates).sum();
     assert_eq!(db.unpublished().await, 0, "the backlog is drained");
-    assert_eq!(stream.len().await, events as u64, "every event is in the stream once");
+    assert_eq!(
+        stream.len().await,
+        events as u64,
+        "every event is in the stream once"
+    );
     println!(
-        "  relay x{relays}: {events} events in {:.0} ms, {batches} batches ({:.0} rows each), {duplicates} duplicate acks",
+        "  relay x{relays}: {events} events in {:.0} ms, {batches} batches ({:.0} rows each), {duplicates} duplicate acks, machine CPU {busy:.0}% busy",
         common::ms(took),
         events as f64 / batches.max(1) as f64
     );
     events as f64 / took.as_secs_f64()
+}
+
+/// Drains the backlog with one relay driven step by step ([`Relay::claim`],
+/// [`Claim::publish`](outbox_runtime::Claim::publish),
+/// [`Claim::commit`](outbox_runtime::Claim::commit)) and prints the median time of each step
+/// per batch: where a batch's time goes.
+async fn steps(db: &BenchDb, stream: &BenchStream) {
+    let relay = Relay::new(
+        db.pool(4).await,
+        jetstream::new(common::connect_nats().await),
+        RelayConfig {
+            subjects: stream.event_types(),
+            batch_size: batch_size(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("start a relay");
+    let (mut claim_ms, mut publish_ms, mut mark_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let started = Instant::now();
+    let mut published = 0;
+    loop {
+        let t0 = Instant::now();
+        let mut claim = relay.claim().await.expect("claim");
+        let t1 = Instant::now();
+        if claim.is_empty() {
+            break;
+        }
+        published += claim.publish().await.published;
+        let t2 = Instant::now();
+        claim.commit().await.expect("commit");
+        let t3 = Instant::now();
+        claim_ms.push(common::ms(t1 - t0));
+        publish_ms.push(common::ms(t2 - t1));
+        mark_ms.push(common::ms(t3 - t2));
+    }
+    let took = started.elapsed();
+    println!(
+        "  relay x1 step by step: {published} events in {:.0} ms; per batch (median): claim {:.2} ms, publish {:.2} ms, mark and commit {:.2} ms",
+        common::ms(took),
+        common::median(&mut claim_ms),
+        common::median(&mut publish_ms),
+        common::median(&mut mark_ms)
+    );
 }

@@ -22,7 +22,7 @@ const AGE: Duration = Duration::from_secs(8 * 24 * 3600);
 
 /// Runs the benchmark and prints its figures.
 pub fn run() {
-    common::print_command("retention");
+    common::print_command();
     common::runtime().block_on(bench(common::quick()));
 }
 
