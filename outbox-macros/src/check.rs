@@ -24,6 +24,7 @@ use std::collections::BTreeSet;
 
 use quote::ToTokens;
 use serde_json::Value;
+use syn::ext::IdentExt;
 use syn::{LitStr, Type};
 
 use crate::ast::{Container, Field};
@@ -79,14 +80,22 @@ pub(crate) fn check(
             continue;
         }
         match properties.get(&field.name) {
-            None if closed => cx.error_spanned_by(
-                field.member,
-                format!(
-                    "`{file}` does not allow `{}` (additionalProperties: false); remove the \
-                     field or add the property to the schema",
-                    field.name
-                ),
-            ),
+            None if closed => {
+                let rust_name = field.member.unraw().to_string();
+                let renamed = if rust_name == field.name {
+                    String::new()
+                } else {
+                    format!(" (the JSON name serde gives the field `{rust_name}`)")
+                };
+                cx.error_spanned_by(
+                    field.member,
+                    format!(
+                        "`{file}` does not allow `{}`{renamed} (additionalProperties: false); \
+                         remove the field or add the property to the schema",
+                        field.name
+                    ),
+                )
+            }
             None => {
                 if let Some(schema) = additional {
                     check_field(cx, cont, field, schema, root, file, false);
@@ -200,8 +209,8 @@ fn check_field(
                 ),
             );
             if !field.custom_serialize {
-                if let Err(msg) = compatible(inner, &view, root, &what, file) {
-                    cx.error_spanned_by(inner, msg);
+                if let Err((at, msg)) = compatible(inner, &view, root, &what, file) {
+                    cx.error_spanned_by(at, msg);
                 }
             }
             return;
@@ -223,8 +232,8 @@ fn check_field(
                 types: view.types.without(Types::NULL),
                 ..view.clone()
             };
-            if let Err(msg) = compatible(inner, &non_null, root, &what, file) {
-                cx.error_spanned_by(inner, msg);
+            if let Err((at, msg)) = compatible(inner, &non_null, root, &what, file) {
+                cx.error_spanned_by(at, msg);
             }
         }
         return;
@@ -242,8 +251,8 @@ fn check_field(
     if field.custom_serialize {
         return;
     }
-    if let Err(msg) = compatible(field.ty, &view, root, &what, file) {
-        cx.error_spanned_by(field.ty, msg);
+    if let Err((at, msg)) = compatible(field.ty, &view, root, &what, file) {
+        cx.error_spanned_by(at, msg);
     }
 }
 
@@ -269,14 +278,32 @@ pub(crate) fn type_text(ty: &Type) -> String {
 }
 
 /// Whether values of `ty` and values of the schema seen as `view` are the same JSON values
-/// (as far as the derive can see). The error is the whole message.
-pub(crate) fn compatible(
-    ty: &Type,
+/// (as far as the derive can see). The error is the offending (innermost) type and the whole
+/// message.
+pub(crate) fn compatible<'t>(
+    ty: &'t Type,
     view: &View<'_>,
     root: &Value,
     what: &str,
     file: &str,
-) -> Result<(), String> {
+) -> Result<(), (&'t Type, String)> {
+    inner_compatible(ty, view, root, what, file)
+        .map_err(|msg| (ty, msg))
+        .and_then(|nested| match nested {
+            Some(err) => Err(err),
+            None => Ok(()),
+        })
+}
+
+/// `Ok(Some(..))` is a mismatch inside an item or value type, already located.
+#[allow(clippy::type_complexity)]
+fn inner_compatible<'t>(
+    ty: &'t Type,
+    view: &View<'_>,
+    root: &Value,
+    what: &str,
+    file: &str,
+) -> Result<Option<(&'t Type, String)>, String> {
     let allowed = view.types;
     let mismatch = || {
         Err(format!(
@@ -287,7 +314,7 @@ pub(crate) fn compatible(
     };
     let rust = classify(ty);
     match rust {
-        RustTy::Json | RustTy::Opaque => Ok(()),
+        RustTy::Json | RustTy::Opaque => Ok(None),
         RustTy::Option(inner) => {
             if !view.allows_null() {
                 return Err(format!(
@@ -299,18 +326,18 @@ pub(crate) fn compatible(
                 types: allowed.without(Types::NULL),
                 ..view.clone()
             };
-            compatible(inner, &non_null, root, what, file)
+            Ok(compatible(inner, &non_null, root, what, file).err())
         }
-        RustTy::Unit if allowed == Types::NULL => Ok(()),
-        RustTy::Bool if allowed == Types::BOOLEAN => Ok(()),
-        RustTy::Float if allowed == Types::NUMBER => Ok(()),
+        RustTy::Unit if allowed == Types::NULL => Ok(None),
+        RustTy::Bool if allowed == Types::BOOLEAN => Ok(None),
+        RustTy::Float if allowed == Types::NUMBER => Ok(None),
         RustTy::Str { name, formats } if allowed == Types::STRING => match view.format {
             Some(format) if !formats.is_empty() && !formats.contains(&format) => Err(format!(
                 "{what} is a string with format `{format}` in `{file}`, which `{name}` does not \
                  hold; use {}",
                 suggest(view, root)
             )),
-            _ => Ok(()),
+            _ => Ok(None),
         },
         RustTy::Int { name, min, max } if allowed == Types::INTEGER => {
             let unsigned = min >= 0.0;
@@ -337,29 +364,37 @@ pub(crate) fn compatible(
                     "{what} may be as high as {m} in `{file}`, which `{name}` cannot hold; use {}",
                     suggest(view, root)
                 )),
-                _ => Ok(()),
+                _ => Ok(None),
             }
         }
         RustTy::Seq(item) if allowed == Types::ARRAY => match (item, view.items) {
             (Some(item), Some(items)) => {
                 let what = format!("each item of {what}");
-                compatible(item, &View::of(items, root), root, &what, file)
+                Ok(compatible(item, &View::of(items, root), root, &what, file).err())
             }
-            _ => Ok(()),
+            _ => Ok(None),
         },
         RustTy::Map(value) if allowed == Types::OBJECT => match (value, view.additional) {
             (Some(value), Some(schema)) => {
                 let what = format!("each value of {what}");
-                compatible(value, &View::of(schema, root), root, &what, file)
+                Ok(compatible(value, &View::of(schema, root), root, &what, file).err())
             }
-            _ => Ok(()),
+            _ => Ok(None),
         },
         _ => mismatch(),
     }
 }
 
+/// The schema's JSON types with an article: `a string (format `uuid`)`, `an integer or null`.
 fn describe(view: &View<'_>) -> String {
     let base = view.types.describe();
+    let base = if base.starts_with("any ") || base.starts_with("no ") {
+        base
+    } else if base.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        format!("an {base}")
+    } else {
+        format!("a {base}")
+    };
     match (
         view.format,
         view.types.without(Types::NULL) == Types::STRING,
@@ -593,13 +628,13 @@ mod tests {
         let want = [
             "property `seats` may be as high as 500 in `e.schema.json`, which `u8` cannot hold; use `u32`",
             "property `at` is a string with format `date-time` in `e.schema.json`, which `uuid::Uuid` does not hold; use `chrono::DateTime<chrono::Utc>`",
-            "each item of property `tags` is string in `e.schema.json`; use `String`",
+            "each item of property `tags` is a string in `e.schema.json`; use `String`",
             "property `note` is optional and not nullable in `e.schema.json`, so `None` must be left out",
             "property `price` is optional and not nullable",
-            "property `price` is number in `e.schema.json`; use `f64`",
+            "property `price` is a number in `e.schema.json`; use `f64`",
             "property `parent` is optional in `e.schema.json`, so payloads without it must decode; make it `Option<String>`",
             "property `meta` is optional in `e.schema.json`",
-            "`e.schema.json` does not allow `extraField` (additionalProperties: false); remove the field or add the property to the schema",
+            "`e.schema.json` does not allow `extraField` (the JSON name serde gives the field `extra_field`) (additionalProperties: false); remove the field or add the property to the schema",
             "struct `Created` has no field for required property `plan` of `e.schema.json`; add `pub plan: String`",
             "`subject = \"note\"` disagrees with `\"x-outbox-subject\": \"id\"`",
         ];
@@ -632,7 +667,9 @@ mod tests {
     fn integer_ranges_and_numbers() {
         let root = json!({});
         let check = |ty: Type, schema: Value| {
-            compatible(&ty, &View::of(&schema, &root), &root, "property `x`", "f").err()
+            compatible(&ty, &View::of(&schema, &root), &root, "property `x`", "f")
+                .err()
+                .map(|(_, msg)| msg)
         };
         assert_eq!(
             check(syn::parse_quote!(i64), json!({"type": "integer"})),
@@ -667,7 +704,7 @@ mod tests {
         );
         assert!(check(syn::parse_quote!(i64), json!({"type": "number"}))
             .unwrap()
-            .contains("is number"));
+            .contains("is a number"));
         assert!(check(syn::parse_quote!(f64), json!({"type": "integer"}))
             .unwrap()
             .contains("use `i64`"));
@@ -707,6 +744,20 @@ mod tests {
     }
 
     #[test]
+    fn nested_mismatch_points_at_the_inner_type() {
+        let root = json!({});
+        let ty: Type = syn::parse_quote!(Vec<HashMap<String, i64>>);
+        let schema = json!({"type": "array", "items": {"type": "object", "additionalProperties": {"type": "string"}}});
+        let (at, msg) = compatible(&ty, &View::of(&schema, &root), &root, "property `x`", "f")
+            .expect_err("i64 is not a string");
+        assert_eq!(type_text(at), "i64");
+        assert_eq!(
+            msg,
+            "each value of each item of property `x` is a string in `f`; use `String`"
+        );
+    }
+
+    #[test]
     fn subject_rules() {
         let mut s = schema();
         s.as_object_mut().unwrap().remove("x-outbox-subject");
@@ -726,7 +777,7 @@ mod tests {
                 "subject `missing` is not a property of `e.schema.json`",
             ),
             ("note", "subject `note` is an optional property"),
-            ("tags", "subject `tags` is array in `e.schema.json`"),
+            ("tags", "subject `tags` is an array in `e.schema.json`"),
             ("id", "subject `id` is the field `id`, an `Option`"),
         ];
         for (subject, want) in cases {

@@ -1,8 +1,9 @@
 //! `#[derive(OutboxEvent)]`: an event struct checked against its JSON Schema at compile time.
 //!
-//! Use it through `outbox-runtime`, which re-exports it:
+//! Use it through `outbox-runtime`, which re-exports it; the runtime's `OutboxEvent` docs have
+//! a compiled example. The shape:
 //!
-//! ```ignore
+//! ```text
 //! #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 //! #[outbox(event_type = "billing.subscription.created", subject = "subscription_id")]
 //! pub struct SubscriptionCreated {
