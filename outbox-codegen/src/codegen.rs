@@ -336,8 +336,16 @@ impl Config {
             let text = serde_json::to_string(&e.resolved).expect("a Value serializes");
             quote::quote!((#event_type, #text))
         });
-        let items = std::mem::take(&mut file.items);
-        let wrapped: syn::File = syn::parse_quote! {
+        let registry: syn::Item = syn::parse_quote! {
+            /// Every event type of the schema folder with its self-contained JSON Schema:
+            /// `(event_type, schema JSON)`, sorted by event type.
+            pub const EVENT_SCHEMAS: &[(&str, &str)] = &[#(#entries),*];
+        };
+        let mut items = std::mem::take(&mut file.items);
+        items.push(registry);
+        // The module is built around the parsed items (not re-parsed from tokens: the
+        // output of a large folder is megabytes of Rust).
+        let mut module: syn::ItemMod = syn::parse_quote! {
             #[allow(
                 clippy::all,
                 clippy::pedantic,
@@ -350,16 +358,17 @@ impl Config {
                 dead_code,
                 rust_2018_idioms
             )]
-            mod outbox_generated {
-                #(#items)*
-
-                /// Every event type of the schema folder with its self-contained JSON Schema:
-                /// `(event_type, schema JSON)`, sorted by event type.
-                pub const EVENT_SCHEMAS: &[(&str, &str)] = &[#(#entries),*];
-            }
-            pub use self::outbox_generated::*;
+            mod outbox_generated {}
         };
-        *file = wrapped;
+        if let Some((_, content)) = &mut module.content {
+            *content = items;
+        }
+        file.items = vec![
+            syn::Item::Mod(module),
+            syn::parse_quote!(
+                pub use self::outbox_generated::*;
+            ),
+        ];
         Ok(())
     }
 }
@@ -683,7 +692,7 @@ fn brief(text: &str) -> String {
 }
 
 /// Converts `(name, schema)` pairs in one type space; the error is typify's error or panic.
-fn convert(pairs: Vec<(String, Value)>) -> std::result::Result<TypeSpace, String> {
+fn convert(pairs: Vec<(String, Value)>) -> std::result::Result<proc_macro2::TokenStream, String> {
     let mut schemas = Vec::with_capacity(pairs.len());
     for (name, value) in pairs {
         let schema: schemars::schema::Schema = serde_json::from_value(value)
@@ -696,8 +705,7 @@ fn convert(pairs: Vec<(String, Value)>) -> std::result::Result<TypeSpace, String
             .add_ref_types(schemas)
             .map_err(|e| brief(&e.to_string()))?;
         // Rendering can panic too.
-        let _ = space.to_stream();
-        Ok(space)
+        Ok(space.to_stream())
     })
     .map_err(|panic| brief(&panic))
     .and_then(|r| r)
@@ -724,7 +732,7 @@ fn run_typify(inputs: &[TypifyInput], events: &[EventSchema]) -> Result<proc_mac
         }
     }
     match convert(all) {
-        Ok(space) => Ok(space.to_stream()),
+        Ok(tokens) => Ok(tokens),
         Err(batch_error) => {
             // Find the schemas (and the place inside them) the generator cannot take.
             let errors: Vec<Error> = inputs
