@@ -1,0 +1,21 @@
+//! Generates the event types the test suites compile against.
+
+use std::path::Path;
+
+fn main() {
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let schemas = Path::new(&manifest_dir).join("schemas");
+
+    // The ui suite's two contracts: `v1` is the shape user code was written against, `v2` the
+    // changed one. The `payments.*` types are only read by this service.
+    for (version, file) in [("v1", "contract_v1.rs"), ("v2", "contract_v2.rs")] {
+        if let Err(e) = outbox_codegen::Config::new()
+            .source("billing")
+            .consumes(["payments.>"])
+            .out_file(file)
+            .compile(schemas.join(version))
+        {
+            panic!("generating the {version} contract failed:\n{e}");
+        }
+    }
+}

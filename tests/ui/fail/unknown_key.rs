@@ -1,0 +1,8 @@
+#[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
+#[outbox(event_type = "billing.invoice.paid", subjet = "invoice_id")]
+pub struct InvoicePaid {
+    pub invoice_id: uuid::Uuid,
+    pub settled_at: chrono::DateTime<chrono::Utc>,
+}
+
+fn main() {}
