@@ -11,3 +11,18 @@ pub mod contract_v1 {
 pub mod contract_v2 {
     include!(concat!(env!("OUT_DIR"), "/contract_v2.rs"));
 }
+
+/// The code generator's golden outputs (`golden/<case>/expected.rs`, checked in), compiled with
+/// this crate so `cargo build -p outbox-tests` proves they compile. `tests/codegen_golden.rs`
+/// checks they are what the generator produces today.
+pub mod golden {
+    /// `golden/kitchen_sink`: references, enums, formats, patterns, a consumed type.
+    pub mod kitchen_sink {
+        include!("../golden/kitchen_sink/expected.rs");
+    }
+
+    /// `golden/minimal`: one event without a subject property.
+    pub mod minimal {
+        include!("../golden/minimal/expected.rs");
+    }
+}
