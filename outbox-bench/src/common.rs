@@ -241,7 +241,8 @@ const PAYLOAD_SQL: &str = "jsonb_build_object(
     'note', 'leave it at the front desk and ring twice')";
 
 /// Inserts `n` unpublished rows in one statement: `subjects` distinct subjects in round robin,
-/// the four event types of `stream`, `created_at` increasing. Returns the time it took.
+/// the four event types of `stream`, `created_at` increasing, ids ordered by time as UUIDv7
+/// ids are (microseconds of `created_at`, then random hex). Returns the time it took.
 pub async fn fill_backlog(pool: &PgPool, prefix: &str, n: i64, subjects: i64) -> Duration {
     fill(pool, prefix, n, subjects, None).await
 }
@@ -273,7 +274,8 @@ async fn fill(
     };
     let sql = format!(
         "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at)
-         select gen_random_uuid(),
+         select (lpad(to_hex((extract(epoch from {created}) * 1000000)::bigint), 14, '0')
+                 || substr(md5(i::text || random()::text), 1, 18))::uuid,
                 $1 || '.order.' || (array['placed','paid','shipped','cancelled'])[1 + i % 4],
                 'bench',
                 md5('order' || s)::uuid::text,
@@ -387,5 +389,70 @@ impl CpuTicks {
         let now = CpuTicks::now();
         let total = now.total.saturating_sub(self.total).max(1);
         100.0 * now.busy.saturating_sub(self.busy) as f64 / total as f64
+    }
+}
+
+/// CPU time used so far by the processes a run involves, per kind: every `postgres` process,
+/// every `nats-server` process, and this process (`/proc/<pid>/stat`, in clock ticks). Other
+/// clients of the same servers count too, so on a shared machine this is an upper bound.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessTicks {
+    postgres: u64,
+    nats: u64,
+    bench: u64,
+}
+
+impl ProcessTicks {
+    /// Reads `/proc` (zeros where it does not exist).
+    pub fn now() -> ProcessTicks {
+        let mut t = ProcessTicks::default();
+        let me = std::process::id().to_string();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return t;
+        };
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if !name.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+                continue;
+            };
+            let comm = &stat[open + 1..close];
+            let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+            // utime and stime are fields 14 and 15 of the line, 12 and 13 after the comm
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let used = ticks(11) + ticks(12);
+            if *name == me {
+                t.bench += used;
+            } else if comm == "postgres" {
+                t.postgres += used;
+            } else if comm == "nats-server" {
+                t.nats += used;
+            }
+        }
+        t
+    }
+
+    /// CPU microseconds per event used since `self` by Postgres, nats-server and this process.
+    pub fn per_event_since(self, events: u64) -> String {
+        let now = ProcessTicks::now();
+        // clock ticks are 1/100 s on Linux
+        let us = |a: u64, b: u64| a.saturating_sub(b) as f64 * 10_000.0 / events.max(1) as f64;
+        format!(
+            "CPU per event: postgres {:.0} us, nats-server {:.0} us, bench process {:.0} us",
+            us(now.postgres, self.postgres),
+            us(now.nats, self.nats),
+            us(now.bench, self.bench)
+        )
     }
 }

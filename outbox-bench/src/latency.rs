@@ -146,6 +146,7 @@ async fn bench(quick: bool) {
     let committed = std::mem::take(&mut *committed.lock().expect("lock"));
     let mut latencies: Vec<f64> = Vec::with_capacity(committed.len());
     let mut commits: Vec<f64> = Vec::with_capacity(committed.len());
+    let mut after_commit: Vec<f64> = Vec::with_capacity(committed.len());
     for (i, id, before_commit, commit) in &committed {
         if *i < warmup {
             continue;
@@ -153,9 +154,13 @@ async fn bench(quick: bool) {
         let at = seen.get(id).expect("every committed event was seen");
         latencies.push(common::ms(at.duration_since(*before_commit)));
         commits.push(common::ms(*commit));
+        after_commit.push(common::ms(
+            at.saturating_duration_since(*before_commit + *commit),
+        ));
     }
     latencies.sort_by(f64::total_cmp);
     commits.sort_by(f64::total_cmp);
+    after_commit.sort_by(f64::total_cmp);
     let db_view: Vec<f64> = sqlx::query_scalar(
         "select extract(epoch from published_at - created_at)::float8 * 1000 from outbox_events
           order by created_at offset $1",
@@ -180,6 +185,11 @@ async fn bench(quick: bool) {
         "emitter commit: p50 {:.2} ms, p99 {:.2} ms",
         common::percentile(&commits, 50.0),
         common::percentile(&commits, 99.0)
+    );
+    println!(
+        "commit returned to consumer: p50 {:.2} ms, p99 {:.2} ms",
+        common::percentile(&after_commit, 50.0),
+        common::percentile(&after_commit, 99.0)
     );
     println!(
         "database view (published_at - created_at): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",

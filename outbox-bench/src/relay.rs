@@ -61,12 +61,14 @@ async fn bench(quick: bool) {
         }
         let messages = envelopes(&db).await;
         let cpu = common::CpuTicks::now();
+        let processes = common::ProcessTicks::now();
         let took = raw_publish(&stream.js, &messages).await;
         raw.push(events as f64 / took.as_secs_f64());
         println!(
-            "  raw: {events} events in {:.0} ms, machine CPU {:.0}% busy",
+            "  raw: {events} events in {:.0} ms, machine CPU {:.0}% busy; {}",
             common::ms(took),
-            cpu.busy_since()
+            cpu.busy_since(),
+            processes.per_event_since(events as u64)
         );
 
         // the relays drain the backlog the raw run read (their ids were not published)
@@ -181,6 +183,7 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let cpu = common::CpuTicks::now();
+    let processes = common::ProcessTicks::now();
     let started = Instant::now();
     let tasks: Vec<_> = started_relays
         .iter()
@@ -206,6 +209,7 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
     }
     let took = started.elapsed();
     let busy = cpu.busy_since();
+    let per_event = processes.per_event_since(events as u64);
     let _ = stop.send(true);
     for task in tasks {
         task.await.expect("relay task").expect("relay run");
@@ -219,7 +223,7 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
         "every event is in the stream once"
     );
     println!(
-        "  relay x{relays}: {events} events in {:.0} ms, {batches} batches ({:.0} rows each), {duplicates} duplicate acks, machine CPU {busy:.0}% busy",
+        "  relay x{relays}: {events} events in {:.0} ms, {batches} batches ({:.0} rows each), {duplicates} duplicate acks, machine CPU {busy:.0}% busy; {per_event}",
         common::ms(took),
         events as f64 / batches.max(1) as f64
     );
