@@ -261,7 +261,10 @@ pub async fn check_captures<S: AsRef<str>>(
         match jetstream.stream_by_subject(subject).await {
             Ok(name) => {
                 if let std::collections::btree_map::Entry::Vacant(slot) = found.entry(name) {
-                    let mut s = jetstream.get_stream(slot.key()).await.map_err(Error::nats)?;
+                    let mut s = jetstream
+                        .get_stream(slot.key())
+                        .await
+                        .map_err(Error::nats)?;
                     slot.insert(s.info().await.map_err(Error::nats)?.clone());
                 }
             }
