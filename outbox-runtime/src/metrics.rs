@@ -12,7 +12,7 @@ pub const PUBLISH_FAILURES: &str = "outbox_publish_failures_total";
 /// Counter: publishes JetStream acknowledged as duplicates of a message it already stored under
 /// the same `Nats-Msg-Id` (a republish after a crash or a lost ack). Counted as published too.
 pub const DUPLICATES: &str = "outbox_publish_duplicates_total";
-/// Histogram: rows claimed per relay batch.
+/// Histogram: rows claimed per committed relay batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 /// Histogram: seconds from a row's `created_at` to its publish ack (commit-to-ack lag, plus
 /// the transaction's own duration).

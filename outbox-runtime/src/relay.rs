@@ -20,6 +20,9 @@
 //! 3. **Mark**: the acknowledged rows get `published_at` in one statement, the rows whose
 //!    publish failed get `attempts = attempts + 1` in one statement, then the transaction commits.
 //!    A duplicate ack (JetStream already stored that `Nats-Msg-Id`) counts as acknowledged.
+//!    The commit is asynchronous (`synchronous_commit = off`, for this transaction only): a
+//!    Postgres crash may forget the last marks, and those rows are then republished under the
+//!    same ids, which the duplicate window and the consumers' dedupe absorb.
 //!
 //! Rows locks are held only for the claim, the bounded publish and two updates. Dropping a
 //! [`Claim`] without committing rolls the transaction back, exactly as a crash does: the rows
@@ -101,6 +104,7 @@ use async_nats::jetstream;
 use async_nats::HeaderMap;
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
@@ -610,10 +614,14 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self) -> Result<Claim<'_>> {
+        let tx = self.pool.begin().await.map_err(db_error)?;
+        self.claim_in(tx).await
+    }
+
+    async fn claim_in(&self, mut tx: Transaction<'static, Postgres>) -> Result<Claim<'_>> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
             let excluded = self.excluded_subjects();
-            let mut tx = self.pool.begin().await.map_err(db_error)?;
             let rows: Vec<Row> = sqlx::query_as(CLAIM)
                 .bind(self.config.batch_size as i64)
                 .bind(self.config.max_attempts)
@@ -626,7 +634,6 @@ impl Relay {
             let claimed = rows.len();
             let rows = drop_gaps(&mut tx, rows).await?;
             tracing::Span::current().record("claimed", claimed);
-            metrics::histogram!(names::BATCH_SIZE).record(claimed as f64);
             let skipped = claimed - rows.len();
             Ok(Claim {
                 relay: self,
@@ -678,9 +685,7 @@ impl Relay {
     pub async fn run_once(&self) -> Result<BatchReport> {
         let mut claim = self.claim().await?;
         if claim.is_empty() {
-            let report = claim.report;
-            claim.tx.rollback().await.map_err(db_error)?;
-            return Ok(report);
+            return claim.release().await;
         }
         claim.publish().await;
         claim.commit().await
@@ -830,7 +835,8 @@ struct Row {
     source: String,
     subject: String,
     time: DateTime<Utc>,
-    data: sqlx::types::Json<Value>,
+    /// Passed through as Postgres rendered it: never parsed, only copied into the envelope.
+    data: sqlx::types::Json<Box<RawValue>>,
     created_at: DateTime<Utc>,
     attempts: i32,
 }
@@ -899,12 +905,15 @@ impl Claim<'_> {
         // One W3C trace per batch; each message carries its own span id under it, so a
         // consumer's span (which records the header) links to this publish.
         let trace_id = Uuid::new_v4().simple().to_string();
+        let span_base = Uuid::new_v4().as_u64_pair().0;
         let span = tracing::debug_span!("outbox.publish", rows = self.rows.len(), %trace_id);
-        self.publish_waves(&trace_id).instrument(span).await;
+        self.publish_waves(&trace_id, span_base)
+            .instrument(span)
+            .await;
         self.report
     }
 
-    async fn publish_waves(&mut self, trace_id: &str) {
+    async fn publish_waves(&mut self, trace_id: &str, span_base: u64) {
         let config = &self.relay.config;
         let jetstream = &self.relay.jetstream;
         let client = jetstream.client();
@@ -961,7 +970,7 @@ impl Claim<'_> {
                     row.source.as_str(),
                     row.subject.as_str(),
                     row.time,
-                    &row.data.0,
+                    &*row.data.0,
                 );
                 let body = match serde_json::to_vec(&envelope) {
                     Ok(b) => b,
@@ -976,7 +985,10 @@ impl Claim<'_> {
                     row.id.to_string().as_str(),
                 );
                 headers.insert("Content-Type", CONTENT_TYPE);
-                headers.insert("traceparent", traceparent(trace_id).as_str());
+                headers.insert(
+                    "traceparent",
+                    traceparent(trace_id, span_base.wrapping_add(i as u64 + 1)).as_str(),
+                );
                 let send =
                     jetstream.publish_with_headers(row.event_type.clone(), headers, body.into());
                 match timeout_at(deadline, send).await {
@@ -1058,8 +1070,20 @@ impl Claim<'_> {
     /// Marks the acknowledged rows published and the failed rows' `attempts + 1`, in one
     /// statement each, and commits. Publishes first if [`publish`](Self::publish) was not
     /// called.
+    ///
+    /// The commit is asynchronous (`synchronous_commit = off` for this transaction only): it
+    /// returns before its WAL record is flushed. A Postgres crash can therefore forget the marks
+    /// of the last fraction of a second; those rows are unpublished again and are republished
+    /// under the same ids: JetStream drops them as duplicates when Postgres is back within the
+    /// stream's duplicate window, and the consumers' dedupe absorbs them otherwise. Nothing can
+    /// be lost this way, since the events themselves were committed synchronously by the
+    /// emitting transaction, and order holds because the WAL keeps the marks in commit order.
     pub async fn commit(mut self) -> Result<BatchReport> {
         self.publish().await;
+        sqlx::query("set local synchronous_commit = off")
+            .execute(&mut *self.tx)
+            .await
+            .map_err(db_error)?;
         if !self.acked.is_empty() {
             sqlx::query(MARK_PUBLISHED)
                 .bind(&self.acked)
@@ -1074,31 +1098,80 @@ impl Claim<'_> {
                 .await
                 .map_err(db_error)?;
         }
-        self.tx.commit().await.map_err(db_error)?;
+        let Claim {
+            relay,
+            tx,
+            rows,
+            acked,
+            failed,
+            report,
+            ..
+        } = self;
+        tx.commit().await.map_err(db_error)?;
+        relay.counters.add(&report);
+        metrics::histogram!(names::BATCH_SIZE).record(report.claimed as f64);
+        record_metrics(relay.config.max_attempts, &rows, &acked, &failed, &report);
+        Ok(report)
+    }
+
+    /// Rolls the claim back without publishing: its rows and subjects are free for the next
+    /// claim, of this relay or another.
+    async fn release(self) -> Result<BatchReport> {
         let report = self.report;
-        self.relay.counters.add(&report);
-        let acked: std::collections::HashSet<Uuid> = self.acked.iter().copied().collect();
-        for row in &self.rows {
-            let event_type = row.event_type.clone();
-            if acked.contains(&row.id) {
-                metrics::counter!(names::PUBLISHED, "event_type" => event_type).increment(1);
-            } else if self.failed.contains(&row.id) {
-                if row.attempts + 1 >= self.relay.config.max_attempts {
-                    metrics::counter!(names::AT_CAP, "event_type" => event_type.clone())
-                        .increment(1);
-                }
-                metrics::counter!(names::PUBLISH_FAILURES, "event_type" => event_type).increment(1);
-            }
-        }
-        if report.duplicates > 0 {
-            metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
-        }
+        self.tx.rollback().await.map_err(db_error)?;
         Ok(report)
     }
 }
 
-/// A W3C `traceparent` (version 00, sampled) in trace `trace_id` with a fresh span id.
-fn traceparent(trace_id: &str) -> String {
-    let span_id = Uuid::new_v4().simple().to_string();
-    format!("00-{trace_id}-{}-01", &span_id[..16])
+/// The per-type counters of a committed batch, one increment per type and counter.
+fn record_metrics(
+    max_attempts: i32,
+    rows: &[Row],
+    acked: &[Uuid],
+    failed: &[Uuid],
+    report: &BatchReport,
+) {
+    #[derive(Default)]
+    struct PerType {
+        published: u64,
+        failed: u64,
+        capped: u64,
+    }
+    let acked: std::collections::HashSet<Uuid> = acked.iter().copied().collect();
+    let failed: std::collections::HashSet<Uuid> = failed.iter().copied().collect();
+    let mut per_type: HashMap<&str, PerType> = HashMap::new();
+    for row in rows {
+        if acked.contains(&row.id) {
+            per_type.entry(&row.event_type).or_default().published += 1;
+        } else if failed.contains(&row.id) {
+            let t = per_type.entry(&row.event_type).or_default();
+            t.failed += 1;
+            if row.attempts + 1 >= max_attempts {
+                t.capped += 1;
+            }
+        }
+    }
+    for (event_type, t) in per_type {
+        if t.published > 0 {
+            metrics::counter!(names::PUBLISHED, "event_type" => event_type.to_owned())
+                .increment(t.published);
+        }
+        if t.failed > 0 {
+            metrics::counter!(names::PUBLISH_FAILURES, "event_type" => event_type.to_owned())
+                .increment(t.failed);
+        }
+        if t.capped > 0 {
+            metrics::counter!(names::AT_CAP, "event_type" => event_type.to_owned())
+                .increment(t.capped);
+        }
+    }
+    if report.duplicates > 0 {
+        metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
+    }
+}
+
+/// A W3C `traceparent` (version 00, sampled) in trace `trace_id` with span id `span_id`
+/// (the batch's random base plus the row's position: unique in the trace, never zero).
+fn traceparent(trace_id: &str, span_id: u64) -> String {
+    format!("00-{trace_id}-{:016x}-01", span_id.max(1))
 }
