@@ -159,8 +159,19 @@ pub async fn jetstream(args: &NatsArgs) -> Result<async_nats::jetstream::Context
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
     let client = options.connect(args.nats_url.as_str()).await.map_err(|e| {
+        let hint = match e.kind() {
+            async_nats::ConnectErrorKind::AuthorizationViolation
+            | async_nats::ConnectErrorKind::Authentication => {
+                "the server refused the credentials; check --nats-user/--nats-password, \
+                 --nats-token, --nats-nkey or --nats-creds (or their NATS_* variables)"
+            }
+            async_nats::ConnectErrorKind::Tls => {
+                "check --nats-tls-ca, --nats-tls-cert/--nats-tls-key and the server's TLS settings"
+            }
+            _ => "is nats-server running with JetStream? (`scripts/services` starts a local one)",
+        };
         CliError::msg(format!(
-            "cannot connect to NATS at {}: {e}; is nats-server running with JetStream? (`scripts/services` starts a local one)",
+            "cannot connect to NATS at {}: {e}; {hint}",
             redact(&args.nats_url)
         ))
     })?;

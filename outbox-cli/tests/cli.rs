@@ -1,5 +1,6 @@
 //! The `outbox` command against a real Postgres and nats-server: migrate, relay (backlog,
-//! SIGTERM, restart, progress, metrics), status, check, gen, unblock and `--help`.
+//! SIGTERM, restart, progress, metrics), status, check, gen, unblock, stream ensure, tail, prune
+//! and `--help`.
 //!
 //! Every test runs the built binary with `--database-url` / `--nats-url` given explicitly, on a
 //! fresh database; URLs carry passwords (Postgres trust auth and an open nats-server accept any)
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, free_port, Ctx, TestDb};
+use common::{eventually, free_port, Ctx, NatsServer, TestDb};
 use outbox_runtime::{EmitExt, RawEvent};
 use serde_json::Value;
 use uuid::Uuid;
@@ -96,6 +97,11 @@ where
 {
     let mut cmd = outbox();
     cmd.args(args);
+    finish(cmd).await
+}
+
+/// Runs `cmd` to completion on a blocking thread and collects what it printed.
+async fn finish(mut cmd: Command) -> Output {
     tokio::task::spawn_blocking(move || {
         let out = cmd.output().expect("run the outbox binary");
         Output {
@@ -1045,5 +1051,331 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
         out.stderr.contains("--id") && out.stderr.contains("--all"),
         "{}",
         out.stderr
+    );
+}
+
+#[tokio::test]
+async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
+    let ctx = Ctx::new().await;
+    let event_type = ctx.event_type("tail.row.changed");
+    let url = db_url(&ctx.db);
+    let nats = nats_url();
+    let stream = ctx.stream_name();
+    let captures = format!("{}.>", ctx.prefix);
+
+    // `stream ensure` creates the stream, accepts it unchanged, and refuses a different one.
+    let ensure = |window: &'static str| {
+        run([
+            "stream",
+            "ensure",
+            "--nats-url",
+            &nats,
+            "--name",
+            &stream,
+            "--subject",
+            &captures,
+            "--memory",
+            "--duplicate-window",
+            window,
+        ])
+    };
+    for round in ["creates", "accepts"] {
+        let out = ensure("600").await;
+        out.expect_code(0).assert_clean();
+        assert_eq!(
+            out.stdout.trim(),
+            format!("stream {stream} ok: subjects {captures}, duplicate window 600s, 0 message(s)"),
+            "`stream ensure` {round} the stream"
+        );
+    }
+    let info = ctx.ensure_stream().await;
+    assert_eq!(info.config.subjects, std::slice::from_ref(&captures));
+    let out = ensure("60").await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains(&stream) && out.stderr.contains("differs"),
+        "a mismatching stream is named and refused:\n{}",
+        out.stderr
+    );
+
+    // three events, relayed
+    let schemas = common::open_schemas(std::slice::from_ref(&event_type));
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let mut tx = ctx.pool().begin().await.expect("begin");
+        let id = tx
+            .emit_raw(
+                &schemas,
+                RawEvent {
+                    event_type: event_type.clone(),
+                    source: "cli-test".into(),
+                    subject: format!("account-{n}"),
+                    time: None,
+                    data: serde_json::json!({ "n": n }),
+                },
+            )
+            .await
+            .expect("emit");
+        tx.commit().await.expect("commit");
+        ids.push(id);
+    }
+    let mut relay = Running::spawn(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--nats-url",
+        &nats,
+        "--subject",
+        &event_type,
+    ]);
+    eventually(PATIENCE, "the relay to publish the events", || async {
+        ctx.db.unpublished().await == 0
+    })
+    .await;
+    relay.terminate();
+    assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+
+    // `tail --all --count 3` prints the three envelopes in stream order, then exits.
+    let out = run([
+        "tail",
+        "--nats-url",
+        &nats,
+        "--all",
+        "--count",
+        "3",
+        &captures,
+    ])
+    .await;
+    out.expect_code(0).assert_clean();
+    let headers: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with("  "))
+        .collect();
+    assert_eq!(
+        headers.len(),
+        3,
+        "one header line per event:\n{}",
+        out.stdout
+    );
+    for (n, (line, id)) in headers.iter().zip(&ids).enumerate() {
+        for part in [
+            event_type.clone(),
+            format!("id={id}"),
+            "source=cli-test".to_owned(),
+            format!("subject=account-{n}"),
+        ] {
+            assert!(line.contains(&part), "`{part}` missing from {line:?}");
+        }
+    }
+    let bodies: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with("  ")).collect();
+    assert_eq!(bodies, [r#"  {"n":0}"#, r#"  {"n":1}"#, r#"  {"n":2}"#]);
+    assert!(
+        out.stderr.contains(&format!("on stream {stream}")),
+        "tail finds the stream that captures the subject:\n{}",
+        out.stderr
+    );
+
+    // `prune`: two rows published two hours ago, one published now, one unpublished and old.
+    sqlx::query(
+        "update outbox_events set published_at = now() - interval '2 hours' where id = any($1)",
+    )
+    .bind(&ids[..2])
+    .execute(ctx.pool())
+    .await
+    .expect("age two rows");
+    let mut tx = ctx.pool().begin().await.expect("begin");
+    let pending = tx
+        .emit_raw(
+            &schemas,
+            RawEvent {
+                event_type: event_type.clone(),
+                source: "cli-test".into(),
+                subject: "account-9".into(),
+                time: None,
+                data: serde_json::json!({ "n": 9 }),
+            },
+        )
+        .await
+        .expect("emit");
+    tx.commit().await.expect("commit");
+    sqlx::query("update outbox_events set created_at = now() - interval '3 hours' where id = $1")
+        .bind(pending)
+        .execute(ctx.pool())
+        .await
+        .expect("age the unpublished row");
+    let remaining = || async {
+        let mut ids: Vec<Uuid> = sqlx::query_scalar("select id from outbox_events")
+            .fetch_all(ctx.pool())
+            .await
+            .expect("ids");
+        ids.sort();
+        ids
+    };
+    let mut all = vec![ids[0], ids[1], ids[2], pending];
+    all.sort();
+
+    let out = run([
+        "prune",
+        "--database-url",
+        &url,
+        "--keep-hours",
+        "1",
+        "--dry-run",
+    ])
+    .await;
+    out.expect_code(0).assert_clean();
+    assert_eq!(
+        out.stdout.trim(),
+        "would delete 2 published row(s) older than 1h (dry run)"
+    );
+    assert_eq!(remaining().await, all, "a dry run deletes nothing");
+
+    let out = run(["prune", "--database-url", &url, "--keep-hours", "1"]).await;
+    out.expect_code(0).assert_clean();
+    assert_eq!(
+        out.stdout.trim(),
+        "deleted 2 published row(s) older than 1h"
+    );
+    let mut kept = vec![ids[2], pending];
+    kept.sort();
+    assert_eq!(
+        remaining().await,
+        kept,
+        "only the old published rows go; the unpublished one stays however old"
+    );
+    ctx.delete_stream().await;
+}
+
+/// The secrets of the authentication test, each distinct so a leak names itself.
+const AUTH_PASSWORD: &str = "auth-pw-77d1";
+const AUTH_TOKEN: &str = "auth-token-5e90";
+
+/// `outbox stream ensure` against `server`, with `env` set and `args` added.
+async fn ensure_on(server: &NatsServer, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = outbox();
+    cmd.args([
+        "stream",
+        "ensure",
+        "--nats-url",
+        &server.url(),
+        "--name",
+        "AUTHCHECK",
+        "--subject",
+        "authcheck.>",
+        "--memory",
+    ]);
+    cmd.args(args);
+    cmd.envs(env.iter().copied());
+    finish(cmd).await
+}
+
+fn assert_no_auth_secret(out: &Output, seed: &str) {
+    for text in [&out.stdout, &out.stderr] {
+        for secret in [AUTH_PASSWORD, AUTH_TOKEN, seed] {
+            assert!(!text.contains(secret), "a secret was printed:\n{text}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn nats_user_password_nkey_and_token_authenticate_and_a_refusal_is_clear() {
+    // a private server that accepts a user/password pair and an nkey user
+    let nkey = nkeys::KeyPair::new_user();
+    let seed = nkey.seed().expect("the nkey seed");
+    let dir = tempfile::tempdir().expect("a config dir");
+    let config = dir.path().join("auth.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "authorization {{ users = [ {{ user: outbox, password: \"{AUTH_PASSWORD}\" }}, {{ nkey: \"{}\" }} ] }}\n",
+            nkey.public_key()
+        ),
+    )
+    .expect("write the server config");
+    let server = NatsServer::spawn_with(&["-c", config.to_str().expect("utf-8 path")]).await;
+
+    let ok = ensure_on(
+        &server,
+        &[("NATS_USER", "outbox"), ("NATS_PASSWORD", AUTH_PASSWORD)],
+        &[],
+    )
+    .await;
+    ok.expect_code(0);
+    assert_no_auth_secret(&ok, &seed);
+    assert!(
+        ok.stdout.starts_with("stream AUTHCHECK ok"),
+        "{}",
+        ok.stdout
+    );
+
+    let ok = ensure_on(&server, &[], &["--nats-nkey", &seed]).await;
+    ok.expect_code(0);
+    assert_no_auth_secret(&ok, &seed);
+    assert!(
+        ok.stdout.starts_with("stream AUTHCHECK ok"),
+        "{}",
+        ok.stdout
+    );
+
+    for (what, env, args) in [
+        (
+            "a wrong password",
+            vec![
+                ("NATS_USER", "outbox"),
+                ("NATS_PASSWORD", "not-the-password"),
+            ],
+            vec![],
+        ),
+        ("no credentials", vec![], vec![]),
+        (
+            "an nkey the server does not know",
+            vec![],
+            vec![
+                "--nats-nkey".to_owned(),
+                nkeys::KeyPair::new_user().seed().unwrap(),
+            ],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let refused = ensure_on(&server, &env, &args).await;
+        refused.expect_code(2);
+        assert_no_auth_secret(&refused, &seed);
+        assert!(
+            !refused.stderr.contains("not-the-password"),
+            "{what}: the password was printed:\n{}",
+            refused.stderr
+        );
+        assert!(
+            refused.stderr.contains("cannot connect to NATS at")
+                && refused.stderr.contains("authorization violation")
+                && refused
+                    .stderr
+                    .contains("the server refused the credentials"),
+            "{what}: the error says the server refused the credentials:\n{}",
+            refused.stderr
+        );
+    }
+    drop(server);
+
+    // a private server that wants a token
+    let server = NatsServer::spawn_with(&["--auth", AUTH_TOKEN]).await;
+    let ok = ensure_on(&server, &[("NATS_TOKEN", AUTH_TOKEN)], &[]).await;
+    ok.expect_code(0);
+    assert_no_auth_secret(&ok, &seed);
+    let refused = ensure_on(&server, &[("NATS_TOKEN", "wrong-token")], &[]).await;
+    refused.expect_code(2);
+    assert_no_auth_secret(&refused, &seed);
+    assert!(
+        refused
+            .stderr
+            .contains("the server refused the credentials"),
+        "{}",
+        refused.stderr
+    );
+    assert!(
+        !refused.stderr.contains("wrong-token"),
+        "the token was printed:\n{}",
+        refused.stderr
     );
 }

@@ -38,7 +38,7 @@
 //! or, with the defaults, `outbox_codegen::compile("schemas/events").unwrap()`. Then include the
 //! output in a module of the service:
 //!
-//! ```ignore
+//! ```text
 //! // src/events.rs
 //! include!(concat!(env!("OUT_DIR"), "/outbox_events.rs"));
 //! ```
@@ -69,7 +69,7 @@
 //!
 //! the generated file holds (trimmed):
 //!
-//! ```ignore
+//! ```text
 //! #[allow(clippy::all, missing_docs, /* ... */)]
 //! mod outbox_generated {
 //!     #[derive(::serde::Deserialize, ::serde::Serialize, Clone, Debug, PartialEq)]

@@ -315,11 +315,17 @@ pub struct NatsServer {
     pub port: u16,
     store: tempfile::TempDir,
     binary: PathBuf,
+    extra: Vec<String>,
 }
 
 impl NatsServer {
     /// Spawns a server and waits until it accepts connections.
     pub async fn spawn() -> NatsServer {
+        NatsServer::spawn_with(&[]).await
+    }
+
+    /// Spawns a server with extra command-line arguments (for example `--user u --pass p`).
+    pub async fn spawn_with(extra: &[&str]) -> NatsServer {
         let binary = std::env::var_os("NATS_SERVER_BIN")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/sbin/nats-server"));
@@ -328,6 +334,7 @@ impl NatsServer {
             port: free_port(),
             store: tempfile::tempdir().expect("a temporary store"),
             binary,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         server.start().await;
         server
@@ -344,6 +351,7 @@ impl NatsServer {
         let child = Command::new(&self.binary)
             .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
             .arg(self.store.path())
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
