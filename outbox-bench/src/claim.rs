@@ -2,7 +2,7 @@
 //!
 //! Two databases: *empty* (only the batch) and *full* (1,000,000 published rows of history,
 //! filled by one `insert .. select .. from generate_series` statement). A sample, in each
-//! database in turn: insert 256 unpublished rows (256 subjects), `vacuum analyze`, then time
+//! database in turn: insert one default batch of unpublished rows (500 rows, 500 subjects), `vacuum analyze`, then time
 //! one batch through the relay's public steps, [`Relay::claim`] (claim query and its gap
 //! check), [`Claim::publish`](outbox_runtime::Claim::publish) (to JetStream, acks awaited) and
 //! [`Claim::commit`](outbox_runtime::Claim::commit) (mark published, commit); then delete the
@@ -20,7 +20,10 @@ use uuid::Uuid;
 
 use crate::common::{self, BenchDb, BenchStream};
 
-const BATCH: i64 = 256;
+/// The relay's default batch size.
+fn batch() -> i64 {
+    RelayConfig::default().batch_size as i64
+}
 
 struct Table {
     label: &'static str,
@@ -44,7 +47,8 @@ async fn bench(quick: bool) {
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
-        "batch {BATCH} rows; full table: {history} published rows; {samples} samples per table, interleaved"
+        "batch {} rows; full table: {history} published rows; {samples} samples per table, interleaved",
+        batch()
     );
     let mut tables = Vec::new();
     for (label, rows) in [("empty", 0), ("full", history)] {
@@ -126,18 +130,22 @@ async fn bench(quick: bool) {
 }
 
 async fn sample(t: &mut Table, prefix: &str) {
-    common::fill_backlog(&t.db.pool, prefix, BATCH, 1_000).await;
+    common::fill_backlog(&t.db.pool, prefix, batch(), 1_000).await;
     t.db.vacuum().await;
     let started = Instant::now();
     let mut claim = t.relay.claim().await.expect("claim");
     let claimed = started.elapsed();
-    assert_eq!(claim.len() as i64, BATCH, "the claim takes the whole batch");
+    assert_eq!(
+        claim.len() as i64,
+        batch(),
+        "the claim takes the whole batch"
+    );
     let ids: Vec<Uuid> = claim.ids();
     let report = claim.publish().await;
     let published = started.elapsed();
     claim.commit().await.expect("mark and commit");
     let total = started.elapsed();
-    assert_eq!(report.published as i64, BATCH, "every row is published");
+    assert_eq!(report.published as i64, batch(), "every row is published");
     t.claim.push(common::ms(claimed));
     t.publish.push(common::ms(published - claimed));
     t.mark.push(common::ms(total - published));

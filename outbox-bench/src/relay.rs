@@ -11,6 +11,9 @@
 //! - **relay x4**: four relays (each with its own pool and NATS connection, as four processes)
 //!   drain a refilled backlog of the same size.
 //!
+//! Options: `--quick` (10,000 events, one round), `--events=N` (backlog size), `--batch=N`
+//! (relay batch size, default `RelayConfig::default().batch_size`), `--window=N` (raw publishes in flight, default 256).
+//!
 //! All publish to one stream (file storage, purged between runs). Last line:
 //! `relay_vs_raw_ratio=<median relay x1 rate / median raw rate>`.
 
@@ -28,10 +31,14 @@ use uuid::Uuid;
 use crate::common::{self, BenchDb, BenchStream};
 
 const SUBJECTS: i64 = 1_000;
-const WINDOW: usize = 256;
+
+/// Raw publishing's window: publishes in flight before their acks are awaited together.
+fn window() -> usize {
+    common::option("window").map_or(256, |w| w as usize)
+}
 
 fn batch_size() -> usize {
-    common::option("batch").map_or(256, |b| b as usize)
+    common::option("batch").map_or(RelayConfig::default().batch_size, |b| b as usize)
 }
 
 /// Runs the benchmark and prints its figures.
@@ -41,14 +48,17 @@ pub fn run() {
 }
 
 async fn bench(quick: bool) {
-    let events: i64 = if quick { 10_000 } else { 100_000 };
+    let events = common::option("events").map_or(if quick { 10_000 } else { 100_000 }, |n| {
+        i64::try_from(n).expect("--events fits in an i64")
+    });
     let rounds = if quick { 1 } else { 3 };
     let db = BenchDb::new().await;
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
-        "backlog {events} events, {SUBJECTS} subjects, relay batch {}, raw window {WINDOW}, {rounds} rounds, stream {} (file storage)",
+        "backlog {events} events, {SUBJECTS} subjects, relay batch {}, raw window {}, {rounds} rounds, stream {} (file storage)",
         batch_size(),
+        window(),
         stream.name
     );
 
@@ -146,7 +156,7 @@ async fn envelopes(db: &BenchDb) -> Vec<Message> {
 /// Publishes `messages` in windows: every publish of a window sent, then its acks awaited.
 async fn raw_publish(js: &jetstream::Context, messages: &[Message]) -> Duration {
     let started = Instant::now();
-    for window in messages.chunks(WINDOW) {
+    for window in messages.chunks(window()) {
         let mut acks = Vec::with_capacity(window.len());
         for m in window {
             let mut headers = HeaderMap::new();
