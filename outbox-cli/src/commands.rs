@@ -202,9 +202,13 @@ pub async fn run(command: Command) -> Result<ExitCode> {
         Command::Migrate { db } => {
             let pool = connect::pool(&db, 1).await?;
             outbox_runtime::migrate(&pool).await?;
+            // the outbox's own entries: the table may also hold the service's migrations
+            let ours: Vec<i64> = outbox_runtime::MIGRATOR.iter().map(|m| m.version).collect();
             let applied: Vec<(i64, String)> = sqlx::query_as(
-                "select version, description from _sqlx_migrations order by version",
+                "select version, description from _sqlx_migrations \
+                  where version = any($1) order by version",
             )
+            .bind(&ours)
             .fetch_all(&pool)
             .await
             .map_err(|e| CliError::msg(e.to_string()))?;
@@ -571,7 +575,8 @@ async fn progress(relay: &outbox_runtime::Relay, pool: &sqlx::PgPool) {
     loop {
         tokio::time::sleep(every).await;
         let max_attempts = relay.config().max_attempts;
-        let Ok(s) = outbox_runtime::status::record_gauges(pool, max_attempts).await else {
+        // the relay refreshes the gauges itself; this only reads the numbers for the line
+        let Ok(s) = outbox_runtime::status::status(pool, max_attempts).await else {
             continue;
         };
         let (now, published) = (std::time::Instant::now(), relay.stats().published);

@@ -456,6 +456,17 @@ async fn relay_drains_a_backlog_stops_on_sigterm_with_nothing_half_done_and_resu
         )),
         "the counter is labelled with the event type:\n{scraped}"
     );
+    // the backlog gauges come from the relay itself, refreshed while it runs
+    for gauge in [
+        "outbox_unpublished ",
+        "outbox_oldest_unpublished_age_seconds ",
+        "outbox_rows_at_attempt_cap 0",
+    ] {
+        assert!(
+            scraped.lines().any(|l| l.starts_with(gauge)),
+            "gauge `{gauge}` missing from /metrics:\n{scraped}"
+        );
+    }
     // The progress line is a plain log line every 10 s when stderr is not a terminal; once the
     // backlog is drained, the next one says so.
     let backlog_of = |line: &str| -> Option<i64> {

@@ -84,6 +84,17 @@ pub enum Error {
     /// Applying the outbox migrations failed.
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// `_sqlx_migrations` records a migration under one of the outbox's version numbers with
+    /// different content: the service's own sqlx migrations use the same numbers.
+    #[error(
+        "migration {version} recorded in `_sqlx_migrations` is not the outbox's: the service's own \
+         sqlx migrations use the same version numbers; copy `migrations/*.sql` into the service's \
+         migrations folder (numbered after its own) instead of calling `outbox_runtime::migrate`"
+    )]
+    MigrationConflict {
+        /// The version both sets of migrations claim.
+        version: i64,
+    },
     /// Serialising an event or envelope failed.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),

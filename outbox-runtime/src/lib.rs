@@ -41,6 +41,14 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 /// Applies [`MIGRATOR`] to `pool`.
 ///
+/// sqlx records migrations in one table, `_sqlx_migrations`, shared with the service's own
+/// `sqlx::migrate!` migrations. This tolerates the service's entries (it ignores versions it does
+/// not know), and the service's migrator must do the same for the outbox's three
+/// (`set_ignore_missing(true)`); `sqlx migrate add` names files by timestamp, so the versions do
+/// not collide. If the service numbers its migrations 1, 2, 3, … they do collide and this
+/// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder
+/// instead.
+///
 /// ```no_run
 /// # async fn run() -> outbox_runtime::Result<()> {
 /// let pool = sqlx::PgPool::connect("postgres://root@127.0.0.1/test").await?;
@@ -48,8 +56,15 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
-    MIGRATOR.run(pool).await?;
-    Ok(())
+    let mut migrator = sqlx::migrate!("../migrations");
+    migrator.set_ignore_missing(true);
+    match migrator.run(pool).await {
+        Ok(()) => Ok(()),
+        Err(sqlx::migrate::MigrateError::VersionMismatch(version)) => {
+            Err(Error::MigrationConflict { version })
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[doc(hidden)]

@@ -36,10 +36,12 @@
 //!
 //! - Across relays, the advisory lock makes one transaction at a time the only relay of a
 //!   partition (`(hashtext(subject) & 0x7fffffff) % partitions`, [`RelayConfig::partitions`]).
-//! - A claim may pass a partition while another relay holds it and reach a later row of the
-//!   same partition after that relay committed; the claim then holds a subject's later rows but
-//!   not an older one. A second query of the claim finds such subjects (an older unpublished row
-//!   that the claim does not hold) and leaves their rows out of the batch.
+//! - A claim may test a row while another relay holds its partition and a later row of the same
+//!   subject after that relay committed (Postgres does not promise to test rows in `created_at`
+//!   order); the claim then holds some of a subject's rows but not an older one. A second query
+//!   of the claim finds, per subject, the oldest unpublished row older than the subject's newest
+//!   claimed row that the claim does not hold, and cuts the subject's rows there: a batch only
+//!   ever publishes a gap-free prefix of each subject's unpublished rows.
 //! - Within a batch, a subject's events go out one wave after the other; once one fails, its
 //!   later events in the batch are not published and their `attempts` are not incremented
 //!   (they were not attempted).
@@ -141,19 +143,24 @@ select id, event_type, source, subject, time, data, created_at, attempts
  limit $1
    for update skip locked";
 
-/// Subjects of a claim that have an older unpublished row the claim does not hold: the claim
-/// found that row's partition locked by another relay, which released it before the claim
-/// reached a later row of the same subject. Publishing the later rows would overtake it.
-/// `$1`/`$2`: each claimed subject with its oldest claimed `created_at`; `$3`: the latest of
-/// those, so the scan is a range of the unpublished index.
+/// For each subject of a claim, the oldest unpublished row older than the subject's newest
+/// claimed row that the claim does not hold: a hole before or among the claimed rows. The claim
+/// tested that row while another relay held its partition (or its row lock), and later rows
+/// after that relay committed; Postgres may also test rows in physical rather than `created_at`
+/// order (a plan that sorts after filtering), so the hole can be anywhere. Publishing past it
+/// would overtake it. `$1`/`$2`: each claimed subject with its newest claimed `created_at`;
+/// `$3`: the latest of those, so the scan is a range of the unpublished index; `$4`: the
+/// claimed ids.
 const GAPS: &str = "\
-select distinct o.subject
+select o.subject, min(o.created_at)
   from outbox_events o
-  join unnest($1::text[], $2::timestamptz[]) as f(subject, first_created)
+  join unnest($1::text[], $2::timestamptz[]) as f(subject, last_created)
     on o.subject = f.subject
  where o.published_at is null
    and o.created_at < $3
-   and o.created_at < f.first_created";
+   and o.created_at < f.last_created
+   and not exists (select 1 from unnest($4::uuid[]) as c(id) where c.id = o.id)
+ group by o.subject";
 
 const MARK_PUBLISHED: &str =
     "update outbox_events set published_at = clock_timestamp() where id = any($1)";
@@ -696,6 +703,10 @@ impl Relay {
     /// Runs batches until `shutdown` completes, then returns. A batch in progress when it
     /// completes is finished and committed first.
     ///
+    /// While it runs, it also refreshes the backlog gauges (`outbox_unpublished`,
+    /// `outbox_oldest_unpublished_age_seconds`, `outbox_rows_at_attempt_cap`) at start and every
+    /// 10 s, with one [`status`](crate::status::status) query.
+    ///
     /// Errors inside the loop (Postgres or NATS down) are logged and retried with backoff;
     /// `run` itself only returns `Ok`.
     ///
@@ -713,6 +724,8 @@ impl Relay {
             self.config.poll_interval,
         ));
         let _listener = AbortOnDrop(listener);
+        let gauges = tokio::spawn(refresh_gauges(self.pool.clone(), self.config.max_attempts));
+        let _gauges = AbortOnDrop(gauges);
         let mut loop_failures = 0u32;
         loop {
             let mut pause = None;
@@ -758,40 +771,64 @@ impl Relay {
     }
 }
 
-/// Removes the rows of subjects whose older rows another relay may still publish (see
-/// [`GAPS`]); they stay locked and untouched until the transaction ends.
+/// Cuts each subject's claimed rows at the first hole (see [`GAPS`]): only the rows older than
+/// the oldest unpublished row the claim does not hold are kept, so a batch always holds a
+/// gap-free prefix of each subject's unpublished rows. The cut rows stay locked and untouched
+/// until the transaction ends; a later batch takes them, after the hole.
 async fn drop_gaps(tx: &mut Transaction<'static, Postgres>, rows: Vec<Row>) -> Result<Vec<Row>> {
     if rows.is_empty() {
         return Ok(rows);
     }
-    let mut subjects: Vec<&str> = Vec::new();
-    let mut firsts: Vec<DateTime<Utc>> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
+    // rows are in created_at order: the last one seen per subject is its newest
+    let mut newest: HashMap<&str, DateTime<Utc>> = HashMap::new();
     for row in &rows {
-        if seen.insert(row.subject.as_str()) {
-            subjects.push(&row.subject);
-            firsts.push(row.created_at);
-        }
+        newest.insert(row.subject.as_str(), row.created_at);
     }
-    let latest = firsts.iter().max().copied();
-    let gapped: Vec<String> = sqlx::query_scalar(GAPS)
+    let (subjects, lasts): (Vec<&str>, Vec<DateTime<Utc>>) = newest.into_iter().unzip();
+    let latest = lasts.iter().max().copied();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let holes: HashMap<String, DateTime<Utc>> = sqlx::query_as(GAPS)
         .bind(&subjects)
-        .bind(&firsts)
+        .bind(&lasts)
         .bind(latest)
+        .bind(&ids)
         .fetch_all(&mut **tx)
         .await
-        .map_err(db_error)?;
-    if gapped.is_empty() {
+        .map_err(db_error)?
+        .into_iter()
+        .collect();
+    if holes.is_empty() {
         return Ok(rows);
     }
     tracing::debug!(
-        subjects = gapped.len(),
-        "outbox claim left subjects whose older events another relay holds"
+        subjects = holes.len(),
+        "outbox claim cut subjects at an older event it does not hold"
     );
     Ok(rows
         .into_iter()
-        .filter(|r| !gapped.contains(&r.subject))
+        .filter(|r| {
+            holes
+                .get(&r.subject)
+                .is_none_or(|hole| r.created_at < *hole)
+        })
         .collect())
+}
+
+/// How often a running relay refreshes the backlog gauges.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// [`crate::status::record_gauges`] at start and every [`GAUGE_INTERVAL`], for as long as the
+/// relay runs: the gauges operators alert on exist wherever a relay runs, in a service or in
+/// `outbox relay`.
+async fn refresh_gauges(pool: PgPool, max_attempts: i32) {
+    let mut tick = tokio::time::interval(GAUGE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = crate::status::record_gauges(&pool, max_attempts).await {
+            tracing::debug!(error = %e, "outbox backlog gauges not refreshed");
+        }
+    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

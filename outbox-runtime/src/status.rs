@@ -127,8 +127,9 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
 }
 
 /// Publishes the gauges an alert needs: `outbox_oldest_unpublished_age_seconds`,
-/// `outbox_unpublished` and `outbox_rows_at_cap`. The relay calls it on its fallback-poll
-/// cadence; call it yourself if the relay runs elsewhere.
+/// `outbox_unpublished` and `outbox_rows_at_attempt_cap`. [`Relay::run`](crate::Relay::run)
+/// calls it every 10 s while it runs; call it yourself where no relay runs in the process
+/// that exports metrics.
 pub async fn record_gauges(pool: &PgPool, max_attempts: i32) -> Result<Status> {
     let s = status(pool, max_attempts).await?;
     metrics::gauge!(m::OLDEST_UNPUBLISHED_AGE)

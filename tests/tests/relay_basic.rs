@@ -399,3 +399,149 @@ async fn the_migrations_create_the_claim_index_for_held_subjects() {
     );
     assert!(indexes.contains(&"outbox_events_unpublished_idx".to_owned()));
 }
+
+/// A service migrations folder in a temporary directory, with one file.
+async fn service_migrator(file: &str) -> (tempfile::TempDir, sqlx::migrate::Migrator) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    std::fs::write(
+        dir.path().join(file),
+        "create table accounts (id bigint primary key);",
+    )
+    .expect("write the service's migration");
+    let mut migrator = sqlx::migrate::Migrator::new(dir.path())
+        .await
+        .expect("read the service's migrations");
+    migrator.set_ignore_missing(true);
+    (dir, migrator)
+}
+
+#[tokio::test]
+async fn migrate_shares_the_sqlx_history_with_the_services_own_migrations() {
+    // timestamped versions, as `sqlx migrate add` names them: both sides coexist, in any order
+    let db = TestDb::empty().await;
+    let (_dir, service) = service_migrator("20240101000000_accounts.sql").await;
+    service
+        .run(&db.pool)
+        .await
+        .expect("the service migrates first");
+    outbox_runtime::migrate(&db.pool)
+        .await
+        .expect("the outbox migrates beside it");
+    service.run(&db.pool).await.expect("the service again");
+    outbox_runtime::migrate(&db.pool)
+        .await
+        .expect("the outbox again");
+    let versions: Vec<i64> =
+        sqlx::query_scalar("select version from _sqlx_migrations order by version")
+            .fetch_all(&db.pool)
+            .await
+            .expect("the migration history");
+    assert_eq!(versions, [1, 2, 3, 20240101000000]);
+    assert!(db.unpublished().await == 0, "the outbox table is there");
+
+    // a service numbering its migrations 1, 2, 3 collides: said plainly, nothing half-applied
+    let db = TestDb::empty().await;
+    let (_dir, service) = service_migrator("0001_accounts.sql").await;
+    service.run(&db.pool).await.expect("the service migrates");
+    let err = outbox_runtime::migrate(&db.pool)
+        .await
+        .expect_err("version 1 is taken");
+    assert!(
+        matches!(err, outbox_runtime::Error::MigrationConflict { version: 1 }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("_sqlx_migrations") && text.contains("copy `migrations/*.sql`"),
+        "{text}"
+    );
+    let outbox_table: bool = sqlx::query_scalar("select to_regclass('outbox_events') is not null")
+        .fetch_one(&db.pool)
+        .await
+        .expect("query the catalog");
+    assert!(!outbox_table, "nothing of the outbox was applied");
+}
+
+#[tokio::test]
+async fn a_claim_with_a_hole_in_a_subject_publishes_only_the_rows_before_it() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let changed = ctx.event_type("billing.account.changed");
+    let schemas = open_schemas(std::slice::from_ref(&changed));
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let mut tx = ctx.pool().begin().await.unwrap();
+        ids.push(
+            tx.emit_raw(&schemas, raw(&changed, "acct-1", json!({ "n": n })))
+                .await
+                .unwrap(),
+        );
+        tx.commit().await.unwrap();
+    }
+    let mut tx = ctx.pool().begin().await.unwrap();
+    let other = tx
+        .emit_raw(&schemas, raw(&changed, "acct-2", json!({ "n": 9 })))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    // Another transaction holds the third row's lock (as a claim that tested it earlier, under
+    // a partition lock since released, would): the claim skips it and takes the rows around it.
+    let mut holder = ctx.pool().begin().await.unwrap();
+    sqlx::query("select 1 from outbox_events where id = $1 for update")
+        .bind(ids[2])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let relay = Relay::new(
+        ctx.pool().clone(),
+        ctx.js.clone(),
+        RelayConfig {
+            subjects: vec![changed.clone()],
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(
+        report.claimed, 5,
+        "every row but the locked one: {report:?}"
+    );
+    assert_eq!(
+        report.published, 3,
+        "acct-1 is cut at the hole, acct-2 goes: {report:?}"
+    );
+    // order is per subject: the stream read one subject at a time
+    let published = |messages: &[common::Delivered], subject: &str| -> Vec<Uuid> {
+        messages
+            .iter()
+            .filter(|m| m.envelope.subject == subject)
+            .map(|m| m.envelope.id)
+            .collect()
+    };
+    let messages = ctx.read_stream().await;
+    assert_eq!(
+        published(&messages, "acct-1"),
+        [ids[0], ids[1]],
+        "nothing of acct-1 overtakes the held row"
+    );
+    assert_eq!(published(&messages, "acct-2"), [other]);
+    let untouched: i64 = sqlx::query_scalar(
+        "select count(*) from outbox_events where id = any($1) and published_at is null and attempts = 0",
+    )
+    .bind(&ids[2..])
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap();
+    assert_eq!(untouched, 3, "the cut rows are left as they were");
+
+    holder.rollback().await.unwrap();
+    assert_eq!(relay.run_once().await.unwrap().published, 3);
+    assert_eq!(
+        published(&ctx.read_stream().await, "acct-1"),
+        ids,
+        "acct-1 in emit order"
+    );
+    ctx.delete_stream().await;
+}

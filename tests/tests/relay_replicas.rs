@@ -18,6 +18,14 @@ const SUBJECTS: u64 = 500;
 const RELAYS: usize = 4;
 const PER_TX: usize = 500;
 
+/// A row as the failure report shows it: id, created_at, published_at, attempts.
+type RowState = (
+    Uuid,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+    i32,
+);
+
 /// A fixed bijective mix of `n` (splitmix64's finaliser): pseudo-random, reproducible subjects.
 fn scramble(mut n: u64) -> u64 {
     n = (n ^ (n >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -146,11 +154,36 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
         .filter(|(subject, ids)| seen.get(*subject) != Some(ids))
         .map(|(subject, _)| subject)
         .collect();
-    assert!(
-        out_of_order.is_empty(),
-        "{} subjects reached the stream out of created_at order: {:?}",
-        out_of_order.len(),
-        out_of_order.iter().take(5).collect::<Vec<_>>()
-    );
+    if let Some(subject) = out_of_order.first() {
+        // what the table and the stream say about the first such subject
+        let rows: Vec<RowState> = sqlx::query_as(
+            "select id, created_at, published_at, attempts from outbox_events \
+                  where subject = $1 order by created_at",
+        )
+        .bind(subject.as_str())
+        .fetch_all(ctx.pool())
+        .await
+        .unwrap();
+        let seq: HashMap<Uuid, u64> = messages.iter().map(|m| (m.envelope.id, m.seq)).collect();
+        let detail: Vec<String> = rows
+            .iter()
+            .map(|(id, created, published, attempts)| {
+                format!(
+                    "{id} created {} published {} attempts {attempts} stream seq {:?}",
+                    created.format("%H:%M:%S%.6f"),
+                    published
+                        .map(|p| p.format("%H:%M:%S%.6f").to_string())
+                        .unwrap_or_default(),
+                    seq.get(id)
+                )
+            })
+            .collect();
+        panic!(
+            "{} subjects reached the stream out of created_at order: {:?}\nfirst one, {subject}, by created_at:\n{}",
+            out_of_order.len(),
+            out_of_order.iter().take(5).collect::<Vec<_>>(),
+            detail.join("\n")
+        );
+    }
     ctx.delete_stream().await;
 }
