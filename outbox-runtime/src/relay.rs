@@ -129,7 +129,7 @@ const MIGRATION: &str = "0001_outbox_events.sql";
 /// subjects held by a row at the attempt cap; the advisory lock skips partitions another relay's
 /// batch holds.
 const CLAIM: &str = "\
-select id, event_type, source, subject, time, data, created_at, attempts
+select id, event_type, source, subject, time, data, created_at, attempts, ctid::text as ctid
   from outbox_events o
  where published_at is null
    and attempts < $2
@@ -162,9 +162,13 @@ select o.subject, min(o.created_at)
    and not exists (select 1 from unnest($4::uuid[]) as c(id) where c.id = o.id)
  group by o.subject";
 
+/// The marks address the claimed rows by `ctid`: the claim's row locks keep every claimed row
+/// where it is until this transaction updates it, and a TID scan does not descend the primary
+/// key index, whose depth grows with the table's history.
 const MARK_PUBLISHED: &str =
-    "update outbox_events set published_at = clock_timestamp() where id = any($1)";
-const MARK_FAILED: &str = "update outbox_events set attempts = attempts + 1 where id = any($1)";
+    "update outbox_events set published_at = clock_timestamp() where ctid = any($1::text[]::tid[])";
+const MARK_FAILED: &str =
+    "update outbox_events set attempts = attempts + 1 where ctid = any($1::text[]::tid[])";
 
 /// The relay's settings: a server-side configuration, `Default` style.
 ///
@@ -878,6 +882,8 @@ struct Row {
     data: sqlx::types::Json<Box<RawValue>>,
     created_at: DateTime<Utc>,
     attempts: i32,
+    /// Where the row is, for the marks (stable while the claim holds the row's lock).
+    ctid: String,
 }
 
 /// A claimed batch: its rows are locked in an open transaction until [`commit`](Self::commit).
@@ -1123,19 +1129,26 @@ impl Claim<'_> {
             .execute(&mut *self.tx)
             .await
             .map_err(db_error)?;
-        if !self.acked.is_empty() {
-            sqlx::query(MARK_PUBLISHED)
-                .bind(&self.acked)
+        let at: HashMap<Uuid, &str> = self.rows.iter().map(|r| (r.id, r.ctid.as_str())).collect();
+        for (sql, ids) in [(MARK_PUBLISHED, &self.acked), (MARK_FAILED, &self.failed)] {
+            if ids.is_empty() {
+                continue;
+            }
+            let ctids: Vec<&str> = ids.iter().filter_map(|id| at.get(id).copied()).collect();
+            let marked = sqlx::query(sql)
+                .bind(&ctids)
                 .execute(&mut *self.tx)
                 .await
-                .map_err(db_error)?;
-        }
-        if !self.failed.is_empty() {
-            sqlx::query(MARK_FAILED)
-                .bind(&self.failed)
-                .execute(&mut *self.tx)
-                .await
-                .map_err(db_error)?;
+                .map_err(db_error)?
+                .rows_affected();
+            if marked != ids.len() as u64 {
+                // cannot happen while the rows are locked; if it does, roll back: the rows
+                // stay unpublished and are republished under the same ids
+                return Err(Error::Database(sqlx::Error::Protocol(format!(
+                    "outbox mark updated {marked} of {} claimed rows; the batch is rolled back",
+                    ids.len()
+                ))));
+            }
         }
         let Claim {
             relay,
