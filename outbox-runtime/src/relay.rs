@@ -125,7 +125,7 @@ pub const LOCK_NAMESPACE: i32 = 0x6f62_7872;
 const TABLE: &str = "outbox_events";
 const MIGRATION: &str = "0001_outbox_events.sql";
 
-/// The batch transaction's own settings, set at its start, for it alone:
+/// The batch transaction's start, with its own settings, for it alone (one round trip):
 ///
 /// - `synchronous_commit = off`: the marks' commit does not wait for the WAL flush (see
 ///   [`Claim::commit`]);
@@ -133,9 +133,10 @@ const MIGRATION: &str = "0001_outbox_events.sql";
 ///   order and stops at the batch size. With statistics gathered while the backlog was small,
 ///   Postgres otherwise filters every unpublished row (taking the advisory lock of every
 ///   partition it can) and sorts afterwards.
-const SETTINGS: &str = "select set_config('synchronous_commit', 'off', true), \
-        set_config('enable_seqscan', 'off', true), \
-        set_config('enable_bitmapscan', 'off', true)";
+const BEGIN: &str = "begin; \
+        set local synchronous_commit = off; \
+        set local enable_seqscan = off; \
+        set local enable_bitmapscan = off";
 
 /// The claim. `subject <> all($3)` skips the subjects this relay backs off; `not in` skips
 /// subjects held by a row at the attempt cap; the advisory lock skips partitions another relay's
@@ -646,17 +647,13 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self) -> Result<Claim<'_>> {
-        let tx = self.pool.begin().await.map_err(db_error)?;
+        let tx = self.pool.begin_with(BEGIN).await.map_err(db_error)?;
         self.claim_in(tx).await
     }
 
     async fn claim_in(&self, mut tx: Transaction<'static, Postgres>) -> Result<Claim<'_>> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
-            sqlx::query(SETTINGS)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
             let excluded = self.excluded_subjects();
             let rows: Vec<Row> = sqlx::query_as(CLAIM)
                 .bind(self.config.batch_size as i64)
