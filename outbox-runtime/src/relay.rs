@@ -209,7 +209,7 @@ const MARK_FAILED: &str =
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayConfig {
     /// Rows claimed per batch. Default 500: per-batch costs (three statements, a commit, one
-    /// ack deadline) are amortised over more rows (the `relay` bench drains about 25% faster
+    /// ack deadline) are amortised over more rows (the `relay` bench drains about 20% faster
     /// than with 256), while a batch stays a few milliseconds of row locks.
     pub batch_size: usize,
     /// The deadline for all publishes and acks of one batch. Default 5 s.
