@@ -125,7 +125,7 @@ pub const LOCK_NAMESPACE: i32 = 0x6f62_7872;
 const TABLE: &str = "outbox_events";
 const MIGRATION: &str = "0001_outbox_events.sql";
 
-/// The batch transaction's start, with its own settings, for it alone (one round trip):
+/// The batch transaction's own settings, set at its start, for it alone:
 ///
 /// - `synchronous_commit = off`: the marks' commit does not wait for the WAL flush (see
 ///   [`Claim::commit`]);
@@ -133,17 +133,16 @@ const MIGRATION: &str = "0001_outbox_events.sql";
 ///   order and stops at the batch size. With statistics gathered while the backlog was small,
 ///   Postgres otherwise filters every unpublished row (taking the advisory lock of every
 ///   partition it can) and sorts afterwards.
-const BEGIN: &str = "begin; \
-        set local synchronous_commit = off; \
-        set local enable_seqscan = off; \
-        set local enable_bitmapscan = off";
+const SETTINGS: &str = "select set_config('synchronous_commit', 'off', true), \
+        set_config('enable_seqscan', 'off', true), \
+        set_config('enable_bitmapscan', 'off', true)";
 
 /// The claim. `subject <> all($3)` skips the subjects this relay backs off; `not in` skips
 /// subjects held by a row at the attempt cap; the advisory lock skips partitions another relay's
 /// batch holds.
 ///
 /// The held subjects are an uncorrelated subquery, which Postgres runs once per claim (a hashed
-/// subplan), whatever the statistics say. As a correlated `not exists`, a planner working from
+/// subplan while the held subjects fit in `hash_mem`), whatever the statistics say. As a correlated `not exists`, a planner working from
 /// statistics gathered while the backlog was empty ran it once per candidate row, each a scan
 /// of every unpublished row: 22 ms instead of 1 ms for a 500-row backlog, quadratic beyond.
 /// `attempts > 0` is the predicate of `outbox_events_retrying_idx` (migration 0003), so the
@@ -163,8 +162,9 @@ select id, event_type, source, subject, time, data, created_at, attempts, ctid::
  limit $1
    for update skip locked";
 
-/// For each subject of a claim, the oldest unpublished row older than the subject's newest
-/// claimed row that the claim does not hold: a hole before or among the claimed rows. The claim
+/// For each subject of a claim, the oldest unpublished row not newer than the subject's newest
+/// claimed row that the claim does not hold (a row sharing that `created_at` counts, and the
+/// cut then drops the claimed rows of the same instant too): a hole before or among the claimed rows. The claim
 /// tested that row while another relay held its partition (or its row lock), and later rows
 /// after that relay committed; Postgres may also test rows in physical rather than `created_at`
 /// order (a plan that sorts after filtering), so the hole can be anywhere. Publishing past it
@@ -177,14 +177,16 @@ select o.subject, min(o.created_at)
   join unnest($1::text[], $2::timestamptz[]) as f(subject, last_created)
     on o.subject = f.subject
  where o.published_at is null
-   and o.created_at < $3
-   and o.created_at < f.last_created
+   and o.created_at <= $3
+   and o.created_at <= f.last_created
    and not exists (select 1 from unnest($4::uuid[]) as c(id) where c.id = o.id)
  group by o.subject";
 
 /// The marks address the claimed rows by `ctid`: the claim's row locks keep every claimed row
 /// where it is until this transaction updates it, and a TID scan does not descend the primary
-/// key index, whose depth grows with the table's history.
+/// key index, whose depth grows with the table's history. (`outbox_events` must stay a plain
+/// table: in a partitioned one a `ctid` is not unique, and [`Claim::commit`] would refuse every
+/// batch.)
 const MARK_PUBLISHED: &str =
     "update outbox_events set published_at = clock_timestamp() where ctid = any($1::text[]::tid[])";
 const MARK_FAILED: &str =
@@ -647,13 +649,19 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self) -> Result<Claim<'_>> {
-        let tx = self.pool.begin_with(BEGIN).await.map_err(db_error)?;
+        let tx = self.pool.begin().await.map_err(db_error)?;
         self.claim_in(tx).await
     }
 
     async fn claim_in(&self, mut tx: Transaction<'static, Postgres>) -> Result<Claim<'_>> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
+            // a statement of its own rather than part of BEGIN: if it fails, dropping the
+            // transaction rolls it back and the pooled connection comes back clean
+            sqlx::query(SETTINGS)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
             let excluded = self.excluded_subjects();
             let rows: Vec<Row> = sqlx::query_as(CLAIM)
                 .bind(self.config.batch_size as i64)

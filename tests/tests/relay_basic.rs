@@ -545,3 +545,54 @@ async fn a_claim_with_a_hole_in_a_subject_publishes_only_the_rows_before_it() {
     );
     ctx.delete_stream().await;
 }
+
+#[tokio::test]
+async fn a_held_row_sharing_the_claimed_rows_instant_holds_its_subject() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let changed = ctx.event_type("billing.account.changed");
+    let schemas = open_schemas(std::slice::from_ref(&changed));
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let mut tx = ctx.pool().begin().await.unwrap();
+        ids.push(
+            tx.emit_raw(&schemas, raw(&changed, "acct-1", json!({ "n": n })))
+                .await
+                .unwrap(),
+        );
+        tx.commit().await.unwrap();
+    }
+    // the same created_at (a clock step, or two emits in one microsecond)
+    sqlx::query(
+        "update outbox_events set created_at = (select min(created_at) from outbox_events)",
+    )
+    .execute(ctx.pool())
+    .await
+    .unwrap();
+    let mut holder = ctx.pool().begin().await.unwrap();
+    sqlx::query("select 1 from outbox_events where id = $1 for update")
+        .bind(ids[0])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let relay = Relay::new(
+        ctx.pool().clone(),
+        ctx.js.clone(),
+        RelayConfig {
+            subjects: vec![changed.clone()],
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(
+        (report.claimed, report.published),
+        (1, 0),
+        "the claimed row waits for the held one of the same instant: {report:?}"
+    );
+    holder.rollback().await.unwrap();
+    assert_eq!(relay.run_once().await.unwrap().published, 2);
+    assert_eq!(ctx.read_stream().await.len(), 2);
+    ctx.delete_stream().await;
+}
