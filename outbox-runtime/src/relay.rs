@@ -142,9 +142,10 @@ const SETTINGS: &str = "select set_config('synchronous_commit', 'off', true), \
 /// batch holds.
 ///
 /// The held subjects are an uncorrelated subquery, which Postgres runs once per claim (a hashed
-/// subplan while the held subjects fit in `hash_mem`), whatever the statistics say. As a correlated `not exists`, a planner working from
-/// statistics gathered while the backlog was empty ran it once per candidate row, each a scan
-/// of every unpublished row: 22 ms instead of 1 ms for a 500-row backlog, quadratic beyond.
+/// subplan while the held subjects fit in `hash_mem`), whatever the statistics say. As a
+/// correlated `not exists`, a planner working from statistics gathered while the backlog was
+/// empty ran it once per candidate row, each a scan of every unpublished row: 22 ms instead of
+/// 1 ms for a 500-row backlog, quadratic beyond.
 /// `attempts > 0` is the predicate of `outbox_events_retrying_idx` (migration 0003), so the
 /// subquery can read that small index.
 const CLAIM: &str = "\
@@ -164,11 +165,11 @@ select id, event_type, source, subject, time, data, created_at, attempts, ctid::
 
 /// For each subject of a claim, the oldest unpublished row not newer than the subject's newest
 /// claimed row that the claim does not hold (a row sharing that `created_at` counts, and the
-/// cut then drops the claimed rows of the same instant too): a hole before or among the claimed rows. The claim
-/// tested that row while another relay held its partition (or its row lock), and later rows
-/// after that relay committed; Postgres may also test rows in physical rather than `created_at`
-/// order (a plan that sorts after filtering), so the hole can be anywhere. Publishing past it
-/// would overtake it. `$1`/`$2`: each claimed subject with its newest claimed `created_at`;
+/// cut then drops the claimed rows of the same instant too): a hole before or among the
+/// claimed rows. The claim tested that row while another relay held its partition (or its row
+/// lock), and later rows after that relay committed; Postgres may also test rows in physical
+/// rather than `created_at` order (a plan that sorts after filtering), so the hole can be
+/// anywhere. Publishing past it would overtake it. `$1`/`$2`: each claimed subject with its newest claimed `created_at`;
 /// `$3`: the latest of those, so the scan is a range of the unpublished index; `$4`: the
 /// claimed ids.
 const GAPS: &str = "\
@@ -922,8 +923,10 @@ pub struct Claim<'r> {
     relay: &'r Relay,
     tx: Transaction<'static, Postgres>,
     rows: Vec<Row>,
-    acked: Vec<Uuid>,
-    failed: Vec<Uuid>,
+    /// Indices into `rows` of the acknowledged rows.
+    acked: Vec<usize>,
+    /// Indices into `rows` of the rows whose publish failed.
+    failed: Vec<usize>,
     report: BatchReport,
     published: bool,
 }
@@ -1081,7 +1084,7 @@ impl Claim<'_> {
                 match result {
                     Ok(Ok(ack)) => {
                         let row = &self.rows[i];
-                        self.acked.push(row.id);
+                        self.acked.push(i);
                         self.report.published += 1;
                         if ack.duplicate {
                             self.report.duplicates += 1;
@@ -1107,7 +1110,7 @@ impl Claim<'_> {
         }
         for (i, failure) in &failures {
             let row = &self.rows[*i];
-            self.failed.push(row.id);
+            self.failed.push(*i);
             self.report.failed += 1;
             let entry = backoffs.entry(row.subject.clone()).or_insert(Backoff {
                 failures: 0,
@@ -1153,24 +1156,23 @@ impl Claim<'_> {
     /// emitting transaction, and order holds because the WAL keeps the marks in commit order.
     pub async fn commit(mut self) -> Result<BatchReport> {
         self.publish().await;
-        let at: HashMap<Uuid, &str> = self.rows.iter().map(|r| (r.id, r.ctid.as_str())).collect();
-        for (sql, ids) in [(MARK_PUBLISHED, &self.acked), (MARK_FAILED, &self.failed)] {
-            if ids.is_empty() {
+        for (sql, rows) in [(MARK_PUBLISHED, &self.acked), (MARK_FAILED, &self.failed)] {
+            if rows.is_empty() {
                 continue;
             }
-            let ctids: Vec<&str> = ids.iter().filter_map(|id| at.get(id).copied()).collect();
+            let ctids: Vec<&str> = rows.iter().map(|&i| self.rows[i].ctid.as_str()).collect();
             let marked = sqlx::query(sql)
                 .bind(&ctids)
                 .execute(&mut *self.tx)
                 .await
                 .map_err(db_error)?
                 .rows_affected();
-            if marked != ids.len() as u64 {
+            if marked != ctids.len() as u64 {
                 // cannot happen while the rows are locked; if it does, roll back: the rows
                 // stay unpublished and are republished under the same ids
                 return Err(Error::Database(sqlx::Error::Protocol(format!(
                     "outbox mark updated {marked} of {} claimed rows; the batch is rolled back",
-                    ids.len()
+                    ctids.len()
                 ))));
             }
         }
@@ -1203,8 +1205,8 @@ impl Claim<'_> {
 fn record_metrics(
     max_attempts: i32,
     rows: &[Row],
-    acked: &[Uuid],
-    failed: &[Uuid],
+    acked: &[usize],
+    failed: &[usize],
     report: &BatchReport,
 ) {
     #[derive(Default)]
@@ -1213,18 +1215,16 @@ fn record_metrics(
         failed: u64,
         capped: u64,
     }
-    let acked: std::collections::HashSet<Uuid> = acked.iter().copied().collect();
-    let failed: std::collections::HashSet<Uuid> = failed.iter().copied().collect();
     let mut per_type: HashMap<&str, PerType> = HashMap::new();
-    for row in rows {
-        if acked.contains(&row.id) {
-            per_type.entry(&row.event_type).or_default().published += 1;
-        } else if failed.contains(&row.id) {
-            let t = per_type.entry(&row.event_type).or_default();
-            t.failed += 1;
-            if row.attempts + 1 >= max_attempts {
-                t.capped += 1;
-            }
+    for &i in acked {
+        per_type.entry(&rows[i].event_type).or_default().published += 1;
+    }
+    for &i in failed {
+        let row = &rows[i];
+        let t = per_type.entry(&row.event_type).or_default();
+        t.failed += 1;
+        if row.attempts + 1 >= max_attempts {
+            t.capped += 1;
         }
     }
     for (event_type, t) in per_type {
