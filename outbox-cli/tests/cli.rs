@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{eventually, free_port, Ctx, NatsServer, TestDb};
-use outbox_runtime::{EmitExt, RawEvent};
+use outbox_runtime::RawEvent;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -112,6 +112,17 @@ async fn finish(mut cmd: Command) -> Output {
     })
     .await
     .expect("the command thread")
+}
+
+/// An event of `event_type` from `cli-test` about `subject`, with payload `{"n": n}`.
+fn cli_event(event_type: &str, subject: &str, n: i64) -> RawEvent {
+    RawEvent {
+        event_type: event_type.to_owned(),
+        source: "cli-test".into(),
+        subject: subject.to_owned(),
+        time: None,
+        data: serde_json::json!({ "n": n }),
+    }
 }
 
 /// `url` with `user:password@` put in front of its host (unless it has credentials already).
@@ -895,21 +906,9 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
     let schemas = common::open_schemas(std::slice::from_ref(&event_type));
     let mut ids = Vec::new();
     for n in 0..2 {
-        let mut tx = ctx.pool().begin().await.expect("begin");
-        let id = tx
-            .emit_raw(
-                &schemas,
-                RawEvent {
-                    event_type: event_type.clone(),
-                    source: "cli-test".into(),
-                    subject: "account-1".into(),
-                    time: None,
-                    data: serde_json::json!({ "n": n }),
-                },
-            )
-            .await
-            .expect("emit");
-        tx.commit().await.expect("commit");
+        let id =
+            common::emit_committed(ctx.pool(), &schemas, cli_event(&event_type, "account-1", n))
+                .await;
         ids.push(id);
     }
     let (capped, held) = (ids[0], ids[1]);
@@ -1113,21 +1112,12 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
     let schemas = common::open_schemas(std::slice::from_ref(&event_type));
     let mut ids = Vec::new();
     for n in 0..3 {
-        let mut tx = ctx.pool().begin().await.expect("begin");
-        let id = tx
-            .emit_raw(
-                &schemas,
-                RawEvent {
-                    event_type: event_type.clone(),
-                    source: "cli-test".into(),
-                    subject: format!("account-{n}"),
-                    time: None,
-                    data: serde_json::json!({ "n": n }),
-                },
-            )
-            .await
-            .expect("emit");
-        tx.commit().await.expect("commit");
+        let id = common::emit_committed(
+            ctx.pool(),
+            &schemas,
+            cli_event(&event_type, &format!("account-{n}"), n),
+        )
+        .await;
         ids.push(id);
     }
     let mut relay = Running::spawn(&[
@@ -1195,21 +1185,8 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
     .execute(ctx.pool())
     .await
     .expect("age two rows");
-    let mut tx = ctx.pool().begin().await.expect("begin");
-    let pending = tx
-        .emit_raw(
-            &schemas,
-            RawEvent {
-                event_type: event_type.clone(),
-                source: "cli-test".into(),
-                subject: "account-9".into(),
-                time: None,
-                data: serde_json::json!({ "n": 9 }),
-            },
-        )
-        .await
-        .expect("emit");
-    tx.commit().await.expect("commit");
+    let pending =
+        common::emit_committed(ctx.pool(), &schemas, cli_event(&event_type, "account-9", 9)).await;
     sqlx::query("update outbox_events set created_at = now() - interval '3 hours' where id = $1")
         .bind(pending)
         .execute(ctx.pool())

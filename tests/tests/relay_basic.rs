@@ -12,6 +12,28 @@ use outbox_runtime::{
 use serde_json::json;
 use uuid::Uuid;
 
+/// A relay for `event_type` on the test's table and NATS connection, with default settings.
+async fn relay_for(ctx: &Ctx, event_type: &str) -> Relay {
+    let config = RelayConfig {
+        subjects: vec![event_type.to_owned()],
+        ..Default::default()
+    };
+    Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
+        .await
+        .unwrap()
+}
+
+/// An open transaction holding the row lock of event `id` (roll it back to release it).
+async fn lock_row(ctx: &Ctx, id: Uuid) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = ctx.pool().begin().await.unwrap();
+    sqlx::query("select 1 from outbox_events where id = $1 for update")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
 fn raw(event_type: &str, subject: &str, data: serde_json::Value) -> RawEvent {
     RawEvent {
         event_type: event_type.to_owned(),
@@ -43,16 +65,7 @@ async fn a_committed_event_is_published_and_a_rolled_back_one_never_is() {
         .unwrap();
     tx.commit().await.unwrap();
 
-    let relay = Relay::new(
-        ctx.pool().clone(),
-        ctx.js.clone(),
-        RelayConfig {
-            subjects: vec![paid.clone()],
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let relay = relay_for(&ctx, &paid).await;
     let report = relay.run_once().await.unwrap();
     assert_eq!(report.claimed, 1);
     assert_eq!(report.published, 1);
@@ -470,39 +483,16 @@ async fn a_claim_with_a_hole_in_a_subject_publishes_only_the_rows_before_it() {
     let schemas = open_schemas(std::slice::from_ref(&changed));
     let mut ids = Vec::new();
     for n in 0..5 {
-        let mut tx = ctx.pool().begin().await.unwrap();
-        ids.push(
-            tx.emit_raw(&schemas, raw(&changed, "acct-1", json!({ "n": n })))
-                .await
-                .unwrap(),
-        );
-        tx.commit().await.unwrap();
+        let event = raw(&changed, "acct-1", json!({ "n": n }));
+        ids.push(common::emit_committed(ctx.pool(), &schemas, event).await);
     }
-    let mut tx = ctx.pool().begin().await.unwrap();
-    let other = tx
-        .emit_raw(&schemas, raw(&changed, "acct-2", json!({ "n": 9 })))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let event = raw(&changed, "acct-2", json!({ "n": 9 }));
+    let other = common::emit_committed(ctx.pool(), &schemas, event).await;
 
     // Another transaction holds the third row's lock (as a claim that tested it earlier, under
     // a partition lock since released, would): the claim skips it and takes the rows around it.
-    let mut holder = ctx.pool().begin().await.unwrap();
-    sqlx::query("select 1 from outbox_events where id = $1 for update")
-        .bind(ids[2])
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let relay = Relay::new(
-        ctx.pool().clone(),
-        ctx.js.clone(),
-        RelayConfig {
-            subjects: vec![changed.clone()],
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let holder = lock_row(&ctx, ids[2]).await;
+    let relay = relay_for(&ctx, &changed).await;
     let report = relay.run_once().await.unwrap();
     assert_eq!(
         report.claimed, 5,
@@ -554,13 +544,8 @@ async fn a_held_row_sharing_the_claimed_rows_instant_holds_its_subject() {
     let schemas = open_schemas(std::slice::from_ref(&changed));
     let mut ids = Vec::new();
     for n in 0..2 {
-        let mut tx = ctx.pool().begin().await.unwrap();
-        ids.push(
-            tx.emit_raw(&schemas, raw(&changed, "acct-1", json!({ "n": n })))
-                .await
-                .unwrap(),
-        );
-        tx.commit().await.unwrap();
+        let event = raw(&changed, "acct-1", json!({ "n": n }));
+        ids.push(common::emit_committed(ctx.pool(), &schemas, event).await);
     }
     // the same created_at (a clock step, or two emits in one microsecond)
     sqlx::query(
@@ -569,22 +554,8 @@ async fn a_held_row_sharing_the_claimed_rows_instant_holds_its_subject() {
     .execute(ctx.pool())
     .await
     .unwrap();
-    let mut holder = ctx.pool().begin().await.unwrap();
-    sqlx::query("select 1 from outbox_events where id = $1 for update")
-        .bind(ids[0])
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let relay = Relay::new(
-        ctx.pool().clone(),
-        ctx.js.clone(),
-        RelayConfig {
-            subjects: vec![changed.clone()],
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let holder = lock_row(&ctx, ids[0]).await;
+    let relay = relay_for(&ctx, &changed).await;
     let report = relay.run_once().await.unwrap();
     assert_eq!(
         (report.claimed, report.published),

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
-use outbox_runtime::{Envelope, Schemas, StorageType, StreamSpec};
+use outbox_runtime::{EmitExt, Envelope, RawEvent, Schemas, StorageType, StreamSpec};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
@@ -278,6 +278,15 @@ pub async fn read_stream(js: &jetstream::Context, name: &str) -> Vec<Delivered> 
         });
     }
     out
+}
+
+/// Emits `event` through the untyped path in a transaction of its own, commits, and returns
+/// the event id.
+pub async fn emit_committed(pool: &PgPool, schemas: &Schemas, event: RawEvent) -> uuid::Uuid {
+    let mut tx = pool.begin().await.expect("begin");
+    let id = tx.emit_raw(schemas, event).await.expect("emit");
+    tx.commit().await.expect("commit");
+    id
 }
 
 /// `Schemas` with one permissive object schema per event type.
