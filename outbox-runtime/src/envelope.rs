@@ -68,3 +68,77 @@ impl<T> Envelope<T> {
         }
     }
 }
+
+/// The relay's view of an [`Envelope`]: the same JSON, serialized from borrowed fields and the
+/// row's payload as Postgres rendered it, without copying them into owned strings first.
+#[derive(Serialize)]
+pub(crate) struct EnvelopeRef<'a> {
+    specversion: &'static str,
+    id: Uuid,
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    source: &'a str,
+    subject: &'a str,
+    time: DateTime<Utc>,
+    datacontenttype: &'static str,
+    data: &'a serde_json::value::RawValue,
+}
+
+impl<'a> EnvelopeRef<'a> {
+    pub(crate) fn new(
+        id: Uuid,
+        event_type: &'a str,
+        source: &'a str,
+        subject: &'a str,
+        time: DateTime<Utc>,
+        data: &'a serde_json::value::RawValue,
+    ) -> Self {
+        Self {
+            specversion: SPEC_VERSION,
+            id,
+            event_type,
+            source,
+            subject,
+            time,
+            datacontenttype: DATA_CONTENT_TYPE,
+            data,
+        }
+    }
+
+    /// The JSON body, in a buffer sized for it up front.
+    pub(crate) fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
+        let fixed = 160 + self.event_type.len() + self.source.len() + self.subject.len();
+        let mut body = Vec::with_capacity(fixed + self.data.get().len());
+        serde_json::to_writer(&mut body, self)?;
+        Ok(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relays_envelope_is_the_public_envelope() {
+        let id = Uuid::now_v7();
+        let time = Utc::now();
+        let data = r#"{"seats": 3, "note": "caf\u00e9 \"quoted\""}"#;
+        let raw = serde_json::value::RawValue::from_string(data.to_owned()).unwrap();
+        let borrowed = EnvelopeRef::new(id, "billing.seat.added", "billing", "sub 42", time, &raw)
+            .to_vec()
+            .unwrap();
+        let owned = serde_json::to_vec(&Envelope::new(
+            id,
+            "billing.seat.added",
+            "billing",
+            "sub 42",
+            time,
+            &*raw,
+        ))
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(borrowed).unwrap(),
+            String::from_utf8(owned).unwrap()
+        );
+    }
+}

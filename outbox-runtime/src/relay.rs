@@ -9,7 +9,7 @@
 //!    that are held (below). The claim also takes a transaction-scoped advisory lock on a hash
 //!    partition of each row's `subject` (`pg_try_advisory_xact_lock`); rows whose partition is
 //!    locked by another relay's open batch are skipped.
-//! 2. **Publish** each row on the NATS subject `event_type`, with the CloudEvents [`Envelope`]
+//! 2. **Publish** each row on the NATS subject `event_type`, with the CloudEvents [`Envelope`](crate::Envelope)
 //!    as the body and the headers `Nats-Msg-Id: <id>`, `Content-Type:
 //!    application/cloudevents+json` and a W3C `traceparent` (one trace per batch, recorded as
 //!    `trace_id` on the `outbox.publish` span). Publishing goes in *waves*: wave k holds the k-th row of
@@ -115,8 +115,9 @@ use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::envelope::EnvelopeRef;
 use crate::error::{Error, Result};
-use crate::{metrics as names, Envelope, CONTENT_TYPE, NOTIFY_CHANNEL};
+use crate::{metrics as names, CONTENT_TYPE, NOTIFY_CHANNEL};
 
 /// First key of the relay's advisory locks (`pg_try_advisory_xact_lock(LOCK_NAMESPACE, partition)`),
 /// so that they do not collide with the application's own advisory locks.
@@ -132,10 +133,16 @@ const MIGRATION: &str = "0001_outbox_events.sql";
 /// - no sequential or bitmap scans: the claim then reads the unpublished index in `created_at`
 ///   order and stops at the batch size. With statistics gathered while the backlog was small,
 ///   Postgres otherwise filters every unpublished row (taking the advisory lock of every
-///   partition it can) and sorts afterwards.
+///   partition it can) and sorts afterwards;
+/// - no nested loops: the gap query's anti-join against the claimed ids stays a hash join. Once
+///   the prepared statement switches to a generic plan (after five executions), the planner
+///   takes the id array for 10 elements and otherwise scans it once per candidate row: 12 ms
+///   instead of 2.6 ms per 500-row claim, measured in the `relay` bench. No other statement of
+///   the batch joins.
 const SETTINGS: &str = "select set_config('synchronous_commit', 'off', true), \
         set_config('enable_seqscan', 'off', true), \
-        set_config('enable_bitmapscan', 'off', true)";
+        set_config('enable_bitmapscan', 'off', true), \
+        set_config('enable_nestloop', 'off', true)";
 
 /// The claim. `subject <> all($3)` skips the subjects this relay backs off; `not in` skips
 /// subjects held by a row at the attempt cap; the advisory lock skips partitions another relay's
@@ -900,7 +907,7 @@ async fn listen(pool: PgPool, wake: Arc<Notify>, retry: Duration) {
     }
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 struct Row {
     id: Uuid,
     event_type: String,
@@ -913,6 +920,25 @@ struct Row {
     attempts: i32,
     /// Where the row is, for the marks (stable while the claim holds the row's lock).
     ctid: String,
+}
+
+/// Decoded by position, in [`CLAIM`]'s column order: a claim decodes thousands of rows a
+/// second, and by name each column would cost a lookup.
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for Row {
+    fn from_row(row: &sqlx::postgres::PgRow) -> sqlx::Result<Self> {
+        use sqlx::Row as _;
+        Ok(Row {
+            id: row.try_get(0)?,
+            event_type: row.try_get(1)?,
+            source: row.try_get(2)?,
+            subject: row.try_get(3)?,
+            time: row.try_get(4)?,
+            data: row.try_get(5)?,
+            created_at: row.try_get(6)?,
+            attempts: row.try_get(7)?,
+            ctid: row.try_get(8)?,
+        })
+    }
 }
 
 /// A claimed batch: its rows are locked in an open transaction until [`commit`](Self::commit).
@@ -1009,11 +1035,11 @@ impl Claim<'_> {
 
         let mut stopped: HashMap<&str, ()> = HashMap::new();
         let mut failures: Vec<(usize, Failure)> = Vec::new();
-        let mut ok_subjects: Vec<usize> = Vec::new();
         for wave in waves {
             let (wave, held): (Vec<usize>, Vec<usize>) = wave.into_iter().partition(|&i| {
                 let row = &self.rows[i];
-                !stopped.contains_key(row.subject.as_str()) && row.attempts < config.max_attempts
+                row.attempts < config.max_attempts
+                    && (stopped.is_empty() || !stopped.contains_key(row.subject.as_str()))
             });
             for i in held {
                 // an earlier event of the subject failed (or this row is at the cap): hold the rest
@@ -1040,15 +1066,15 @@ impl Claim<'_> {
             let mut pending = Vec::with_capacity(wave.len());
             for i in wave {
                 let row = &self.rows[i];
-                let envelope = Envelope::new(
+                let envelope = EnvelopeRef::new(
                     row.id,
-                    row.event_type.as_str(),
-                    row.source.as_str(),
-                    row.subject.as_str(),
+                    &row.event_type,
+                    &row.source,
+                    &row.subject,
                     row.time,
-                    &*row.data.0,
+                    &row.data.0,
                 );
-                let body = match serde_json::to_vec(&envelope) {
+                let body = match envelope.to_vec() {
                     Ok(b) => b,
                     Err(e) => {
                         failures.push((i, Failure::Refused(e.to_string())));
@@ -1089,7 +1115,6 @@ impl Claim<'_> {
                         if ack.duplicate {
                             self.report.duplicates += 1;
                         }
-                        ok_subjects.push(i);
                         let lag = (now - row.created_at).to_std().unwrap_or_default();
                         metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
                     }
@@ -1105,8 +1130,10 @@ impl Claim<'_> {
         // Update the in-memory backoff of the subjects touched by this batch.
         let now = Instant::now();
         let mut backoffs = self.relay.backoffs();
-        for i in ok_subjects {
-            backoffs.remove(&self.rows[i].subject);
+        if !backoffs.is_empty() {
+            for &i in &self.acked {
+                backoffs.remove(&self.rows[i].subject);
+            }
         }
         for (i, failure) in &failures {
             let row = &self.rows[*i];
