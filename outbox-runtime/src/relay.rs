@@ -9,14 +9,16 @@
 //!    that are held (below). The claim also takes a transaction-scoped advisory lock on a hash
 //!    partition of each row's `subject` (`pg_try_advisory_xact_lock`); rows whose partition is
 //!    locked by another relay's open batch are skipped.
-//! 2. **Publish** each row on the NATS subject `event_type`, with the CloudEvents [`Envelope`](crate::Envelope)
-//!    as the body and the headers `Nats-Msg-Id: <id>`, `Content-Type:
-//!    application/cloudevents+json` and a W3C `traceparent` (one trace per batch, recorded as
-//!    `trace_id` on the `outbox.publish` span). Publishing goes in *waves*: wave k holds the k-th row of
-//!    every subject in the batch; a wave is pipelined (all sent, then all acks awaited), so one
-//!    subject never has two events in flight. Every wave shares one deadline,
-//!    [`RelayConfig::ack_timeout`], counted from the start of publishing. When the NATS
-//!    connection is down, a wave fails at once instead of waiting on the broker.
+//! 2. **Publish** each row on the NATS subject `event_type`, with the CloudEvents
+//!    [`Envelope`](crate::Envelope) as the body and the headers `Nats-Msg-Id: <id>`,
+//!    `Content-Type: application/cloudevents+json` and a W3C `traceparent` (one trace per batch,
+//!    recorded as `trace_id` on the `outbox.publish` span). Publishing is pipelined across
+//!    subjects and sequential within one: the first event of every subject in the batch is sent
+//!    at once, and a subject's next event is sent when the previous one is acknowledged, so one
+//!    subject never has two events in flight while the connection stays busy. All publishes
+//!    share one deadline, [`RelayConfig::ack_timeout`], counted from the start of publishing.
+//!    When the NATS connection is down, publishing fails at once instead of waiting on the
+//!    broker.
 //! 3. **Mark**: the acknowledged rows get `published_at` in one statement, the rows whose
 //!    publish failed get `attempts = attempts + 1` in one statement, then the transaction commits.
 //!    A duplicate ack (JetStream already stored that `Nats-Msg-Id`) counts as acknowledged.
@@ -42,9 +44,9 @@
 //!   of the claim finds, per subject, the oldest unpublished row older than the subject's newest
 //!   claimed row that the claim does not hold, and cuts the subject's rows there: a batch only
 //!   ever publishes a gap-free prefix of each subject's unpublished rows.
-//! - Within a batch, a subject's events go out one wave after the other; once one fails, its
-//!   later events in the batch are not published and their `attempts` are not incremented
-//!   (they were not attempted).
+//! - Within a batch, a subject's events go out one after the other, each after the previous
+//!   one's ack; once one fails, its later events in the batch are not published and their
+//!   `attempts` are not incremented (they were not attempted).
 //! - `created_at` is the emit time (`clock_timestamp()`): two transactions that emit for the same
 //!   subject are ordered by emit time, so writers of one entity should serialise on its row, as
 //!   they normally do.
@@ -105,6 +107,7 @@ use async_nats::connection::State;
 use async_nats::jetstream;
 use async_nats::HeaderMap;
 use chrono::{DateTime, Utc};
+use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -996,7 +999,7 @@ impl Claim<'_> {
         self.rows.iter().map(|r| r.id).collect()
     }
 
-    /// Publishes the claimed rows in waves under one deadline (see the module docs) and
+    /// Publishes the claimed rows, pipelined across subjects, under one deadline (see the module docs) and
     /// returns what happened; nothing is written to the table until [`commit`](Self::commit).
     /// Calling it again does nothing and returns the same report.
     pub async fn publish(&mut self) -> BatchReport {
@@ -1009,63 +1012,56 @@ impl Claim<'_> {
         let trace_id = Uuid::new_v4().simple().to_string();
         let span_base = Uuid::new_v4().as_u64_pair().0;
         let span = tracing::debug_span!("outbox.publish", rows = self.rows.len(), %trace_id);
-        self.publish_waves(&trace_id, span_base)
+        self.publish_chains(&trace_id, span_base)
             .instrument(span)
             .await;
         self.report
     }
 
-    async fn publish_waves(&mut self, trace_id: &str, span_base: u64) {
+    async fn publish_chains(&mut self, trace_id: &str, span_base: u64) {
         let config = &self.relay.config;
         let jetstream = &self.relay.jetstream;
         let client = jetstream.client();
         let deadline = Instant::now() + config.ack_timeout;
 
-        // wave k = the k-th row of each subject
-        let mut waves: Vec<Vec<usize>> = Vec::new();
-        let mut position: HashMap<&str, usize> = HashMap::new();
-        for (i, row) in self.rows.iter().enumerate() {
-            let k = position.entry(row.subject.as_str()).or_insert(0);
-            if waves.len() <= *k {
-                waves.push(Vec::new());
+        // Each subject's rows form a chain, in created_at order: `next[i]` is the row after
+        // row `i` in its subject, and the first row of every subject is sent at once.
+        let mut next: Vec<Option<usize>> = vec![None; self.rows.len()];
+        let mut ready: Vec<usize> = Vec::new();
+        {
+            let mut last: HashMap<&str, usize> = HashMap::with_capacity(self.rows.len());
+            for (i, row) in self.rows.iter().enumerate() {
+                match last.insert(row.subject.as_str(), i) {
+                    Some(previous) => next[previous] = Some(i),
+                    None => ready.push(i),
+                }
             }
-            waves[*k].push(i);
-            *k += 1;
         }
+        // The rest of a chain after `i` is not attempted: counted as skipped.
+        let skip_after = |i: usize, skipped: &mut usize| {
+            let mut at = next[i];
+            while let Some(j) = at {
+                *skipped += 1;
+                at = next[j];
+            }
+        };
 
-        let mut stopped: HashMap<&str, ()> = HashMap::new();
         let mut failures: Vec<(usize, Failure)> = Vec::new();
-        for wave in waves {
-            let (wave, held): (Vec<usize>, Vec<usize>) = wave.into_iter().partition(|&i| {
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            for i in ready.drain(..) {
                 let row = &self.rows[i];
-                row.attempts < config.max_attempts
-                    && (stopped.is_empty() || !stopped.contains_key(row.subject.as_str()))
-            });
-            for i in held {
-                // an earlier event of the subject failed (or this row is at the cap): hold the rest
-                stopped.insert(self.rows[i].subject.as_str(), ());
-                self.report.skipped += 1;
-            }
-            if wave.is_empty() {
-                continue;
-            }
-            if Instant::now() >= deadline {
-                self.report.skipped += wave.len();
-                for &i in &wave {
-                    stopped.insert(self.rows[i].subject.as_str(), ());
+                if row.attempts >= config.max_attempts || Instant::now() >= deadline {
+                    // at the cap (held), or out of time: this row and the rest are not attempted
+                    self.report.skipped += 1;
+                    skip_after(i, &mut self.report.skipped);
+                    continue;
                 }
-                continue;
-            }
-            if client.connection_state() != State::Connected {
-                for i in wave {
-                    stopped.insert(self.rows[i].subject.as_str(), ());
+                if client.connection_state() != State::Connected {
                     failures.push((i, Failure::Refused("not connected to NATS".into())));
+                    skip_after(i, &mut self.report.skipped);
+                    continue;
                 }
-                continue;
-            }
-            let mut pending = Vec::with_capacity(wave.len());
-            for i in wave {
-                let row = &self.rows[i];
                 let envelope = EnvelopeRef::new(
                     row.id,
                     &row.event_type,
@@ -1078,6 +1074,7 @@ impl Claim<'_> {
                     Ok(b) => b,
                     Err(e) => {
                         failures.push((i, Failure::Refused(e.to_string())));
+                        skip_after(i, &mut self.report.skipped);
                         continue;
                     }
                 };
@@ -1094,36 +1091,44 @@ impl Claim<'_> {
                 let send =
                     jetstream.publish_with_headers(row.event_type.clone(), headers, body.into());
                 match timeout_at(deadline, send).await {
-                    Ok(Ok(ack)) => pending.push((i, ack)),
-                    Ok(Err(e)) => failures.push((i, Failure::Refused(e.to_string()))),
-                    Err(_) => failures.push((i, Failure::Deadline)),
-                }
-            }
-            let acks = futures::future::join_all(
-                pending
-                    .into_iter()
-                    .map(|(i, ack)| timeout_at(deadline, ack.into_future()).map(move |r| (i, r))),
-            )
-            .await;
-            let now = Utc::now();
-            for (i, result) in acks {
-                match result {
                     Ok(Ok(ack)) => {
-                        let row = &self.rows[i];
-                        self.acked.push(i);
-                        self.report.published += 1;
-                        if ack.duplicate {
-                            self.report.duplicates += 1;
-                        }
-                        let lag = (now - row.created_at).to_std().unwrap_or_default();
-                        metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
+                        in_flight.push(timeout_at(deadline, ack.into_future()).map(move |r| (i, r)))
                     }
-                    Ok(Err(e)) => failures.push((i, Failure::Refused(e.to_string()))),
-                    Err(_) => failures.push((i, Failure::Deadline)),
+                    Ok(Err(e)) => {
+                        failures.push((i, Failure::Refused(e.to_string())));
+                        skip_after(i, &mut self.report.skipped);
+                    }
+                    Err(_) => {
+                        failures.push((i, Failure::Deadline));
+                        skip_after(i, &mut self.report.skipped);
+                    }
                 }
             }
-            for (i, _) in &failures {
-                stopped.insert(self.rows[*i].subject.as_str(), ());
+            let Some((i, result)) = in_flight.next().await else {
+                break;
+            };
+            match result {
+                Ok(Ok(ack)) => {
+                    self.acked.push(i);
+                    self.report.published += 1;
+                    if ack.duplicate {
+                        self.report.duplicates += 1;
+                    }
+                    let lag = (Utc::now() - self.rows[i].created_at)
+                        .to_std()
+                        .unwrap_or_default();
+                    metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
+                    // the subject's next event goes out only now that this one is stored
+                    ready.extend(next[i]);
+                }
+                Ok(Err(e)) => {
+                    failures.push((i, Failure::Refused(e.to_string())));
+                    skip_after(i, &mut self.report.skipped);
+                }
+                Err(_) => {
+                    failures.push((i, Failure::Deadline));
+                    skip_after(i, &mut self.report.skipped);
+                }
             }
         }
 

@@ -567,3 +567,41 @@ async fn a_held_row_sharing_the_claimed_rows_instant_holds_its_subject() {
     assert_eq!(ctx.read_stream().await.len(), 2);
     ctx.delete_stream().await;
 }
+
+#[tokio::test]
+async fn a_batch_publishes_each_subjects_events_in_order() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let paid = ctx.event_type("billing.invoice.paid");
+    let schemas = open_schemas(std::slice::from_ref(&paid));
+    // four events for each of three subjects, interleaved: one batch holds all twelve, and a
+    // subject's next event goes out only once the previous one is stored
+    let subjects = ["inv-a", "inv-b", "inv-c"];
+    let mut emitted = Vec::new();
+    for n in 0..4 {
+        for subject in subjects {
+            let event = raw(&paid, subject, json!({ "n": n }));
+            emitted.push(common::emit_committed(ctx.pool(), &schemas, event).await);
+        }
+    }
+
+    let relay = relay_for(&ctx, &paid).await;
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.published), (12, 12));
+    assert_eq!((report.failed, report.skipped), (0, 0));
+
+    let messages = ctx.read_stream().await;
+    let mut stored: Vec<Uuid> = messages.iter().map(|m| m.envelope.id).collect();
+    for subject in subjects {
+        let order: Vec<i64> = messages
+            .iter()
+            .filter(|m| m.envelope.subject == subject)
+            .map(|m| m.envelope.data["n"].as_i64().unwrap())
+            .collect();
+        assert_eq!(order, [0, 1, 2, 3], "{subject}'s events in the stream");
+    }
+    stored.sort();
+    emitted.sort();
+    assert_eq!(stored, emitted, "every event stored once");
+    ctx.delete_stream().await;
+}
