@@ -111,7 +111,13 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{
+    PgArgumentBuffer, PgHasArrayType, PgListener, PgPoolOptions, PgTypeInfo, PgValueFormat,
+    PgValueRef,
+};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
@@ -159,7 +165,7 @@ const SETTINGS: &str = "select set_config('synchronous_commit', 'off', true), \
 /// `attempts > 0` is the predicate of `outbox_events_retrying_idx` (migration 0003), so the
 /// subquery can read that small index.
 const CLAIM: &str = "\
-select id, event_type, source, subject, time, data, created_at, attempts, ctid::text as ctid
+select id, event_type, source, subject, time, data, created_at, attempts, ctid
   from outbox_events o
  where published_at is null
    and attempts < $2
@@ -199,9 +205,8 @@ select o.subject, min(o.created_at)
 /// table: in a partitioned one a `ctid` is not unique, and [`Claim::commit`] would refuse every
 /// batch.)
 const MARK_PUBLISHED: &str =
-    "update outbox_events set published_at = clock_timestamp() where ctid = any($1::text[]::tid[])";
-const MARK_FAILED: &str =
-    "update outbox_events set attempts = attempts + 1 where ctid = any($1::text[]::tid[])";
+    "update outbox_events set published_at = clock_timestamp() where ctid = any($1)";
+const MARK_FAILED: &str = "update outbox_events set attempts = attempts + 1 where ctid = any($1)";
 
 /// The relay's settings: a server-side configuration, `Default` style.
 ///
@@ -922,7 +927,65 @@ struct Row {
     created_at: DateTime<Utc>,
     attempts: i32,
     /// Where the row is, for the marks (stable while the claim holds the row's lock).
-    ctid: String,
+    ctid: Tid,
+}
+
+/// A row's physical address (`ctid`: block number and line pointer), exchanged in Postgres's
+/// binary form, so that neither side formats or parses it as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tid {
+    block: u32,
+    line: u16,
+}
+
+/// `tid` and `tid[]`: built-in types with fixed OIDs.
+impl sqlx::Type<Postgres> for Tid {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(27))
+    }
+}
+
+impl PgHasArrayType for Tid {
+    fn array_type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(1010))
+    }
+}
+
+impl sqlx::Decode<'_, Postgres> for Tid {
+    fn decode(value: PgValueRef<'_>) -> std::result::Result<Self, BoxDynError> {
+        match value.format() {
+            PgValueFormat::Binary => match *value.as_bytes()? {
+                [b0, b1, b2, b3, l0, l1] => Ok(Tid {
+                    block: u32::from_be_bytes([b0, b1, b2, b3]),
+                    line: u16::from_be_bytes([l0, l1]),
+                }),
+                ref other => Err(format!("a binary tid has 6 bytes, not {}", other.len()).into()),
+            },
+            PgValueFormat::Text => {
+                let text = value.as_str()?;
+                let (block, line) = text
+                    .strip_prefix('(')
+                    .and_then(|t| t.strip_suffix(')'))
+                    .and_then(|t| t.split_once(','))
+                    .ok_or_else(|| format!("`{text}` is not a tid"))?;
+                Ok(Tid {
+                    block: block.parse()?,
+                    line: line.parse()?,
+                })
+            }
+        }
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for Tid {
+    fn encode_by_ref(
+        &self,
+        buf: &mut PgArgumentBuffer,
+    ) -> std::result::Result<IsNull, BoxDynError> {
+        buf.extend_from_slice(&self.block.to_be_bytes());
+        buf.extend_from_slice(&self.line.to_be_bytes());
+        Ok(IsNull::No)
+    }
 }
 
 /// Decoded by position, in [`CLAIM`]'s column order: a claim decodes thousands of rows a
@@ -1192,7 +1255,7 @@ impl Claim<'_> {
             if rows.is_empty() {
                 continue;
             }
-            let ctids: Vec<&str> = rows.iter().map(|&i| self.rows[i].ctid.as_str()).collect();
+            let ctids: Vec<Tid> = rows.iter().map(|&i| self.rows[i].ctid).collect();
             let marked = sqlx::query(sql)
                 .bind(&ctids)
                 .execute(&mut *self.tx)
