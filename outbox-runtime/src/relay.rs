@@ -41,7 +41,8 @@
 //! - A claim may test a row while another relay holds its partition and a later row of the same
 //!   subject after that relay committed (Postgres does not promise to test rows in `created_at`
 //!   order); the claim then holds some of a subject's rows but not an older one. Unless the
-//!   claim holds every unpublished row up to its newest one (counted by a second query), a
+//!   claim holds every unpublished row up to its newest one, outside the subjects this relay
+//!   backs off (counted by a second query), a
 //!   third query finds, per subject, the oldest unpublished row older than the subject's newest
 //!   claimed row that the claim does not hold, and cuts the subject's rows there: a batch only
 //!   ever publishes a gap-free prefix of each subject's unpublished rows.
@@ -97,7 +98,7 @@
 //! migration), when no stream captures one of [`RelayConfig::subjects`], or when such a stream's
 //! duplicate window is shorter than [`RelayConfig::retry_horizon`] ([`Error::Stream`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -106,6 +107,8 @@ use std::time::Duration;
 
 use async_nats::connection::State;
 use async_nats::jetstream;
+use async_nats::jetstream::context::PublishError;
+use async_nats::jetstream::publish::PublishAck;
 use async_nats::HeaderMap;
 use chrono::{DateTime, Utc};
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -121,7 +124,7 @@ use sqlx::postgres::{
 };
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
-use tokio::time::{sleep_until, timeout, timeout_at, Instant};
+use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -186,7 +189,8 @@ select id, event_type, source, subject, time, data, created_at, attempts, ctid
 /// hole and the gap query is not run. One range of the unpublished index, without the joins:
 /// about a third of the gap query's time in the `relay` bench, where a lone relay's claims have
 /// no holes. Any other row in the range (another relay's batch, a held subject's rows, a row
-/// committed since the claim began) sends the claim through [`GAPS`].
+/// committed since the claim began) sends the claim through [`GAPS`]: with several relays on
+/// the table, or while a subject is held, most claims run both.
 const UNCLAIMED: &str = "\
 select count(*)
   from outbox_events
@@ -200,9 +204,9 @@ select count(*)
 /// claimed rows. The claim tested that row while another relay held its partition (or its row
 /// lock), and later rows after that relay committed; Postgres may also test rows in physical
 /// rather than `created_at` order (a plan that sorts after filtering), so the hole can be
-/// anywhere. Publishing past it would overtake it. `$1`/`$2`: each claimed subject with its newest claimed `created_at`;
-/// `$3`: the latest of those, so the scan is a range of the unpublished index; `$4`: the
-/// claimed ids.
+/// anywhere. Publishing past it would overtake it. `$1`/`$2`: each claimed subject with its
+/// newest claimed `created_at`; `$3`: the latest of those, so the scan is a range of the
+/// unpublished index; `$4`: the claimed ids.
 const GAPS: &str = "\
 select o.subject, min(o.created_at)
   from outbox_events o
@@ -345,8 +349,10 @@ pub struct BatchReport {
     pub duplicates: usize,
     /// Rows whose publish failed; their `attempts` grew by one.
     pub failed: usize,
-    /// Rows not attempted because an earlier event of their subject failed in this batch, or the
-    /// deadline passed first. Their `attempts` are unchanged.
+    /// Rows claimed but not attempted: an earlier event of their subject failed in this batch,
+    /// the deadline passed first, the row is at the attempt cap, or the claim cut its subject
+    /// before an older row it does not hold (see the module docs, *Order*). Their `attempts` are
+    /// unchanged.
     pub skipped: usize,
     /// Of `failed`, rows that reached the attempt cap with this failure.
     pub capped: usize,
@@ -1091,8 +1097,9 @@ impl Claim<'_> {
         self.rows.iter().map(|r| r.id).collect()
     }
 
-    /// Publishes the claimed rows, pipelined across subjects, under one deadline (see the module docs) and
-    /// returns what happened; nothing is written to the table until [`commit`](Self::commit).
+    /// Publishes the claimed rows, pipelined across subjects, under one deadline (see the module
+    /// docs) and returns what happened; nothing is written to the table until
+    /// [`commit`](Self::commit).
     /// Calling it again does nothing and returns the same report.
     pub async fn publish(&mut self) -> BatchReport {
         if self.published {
@@ -1119,13 +1126,13 @@ impl Claim<'_> {
         // Each subject's rows form a chain, in created_at order: `next[i]` is the row after
         // row `i` in its subject, and the first row of every subject is sent at once.
         let mut next: Vec<Option<usize>> = vec![None; self.rows.len()];
-        let mut ready: Vec<usize> = Vec::new();
+        let mut ready: VecDeque<usize> = VecDeque::new();
         {
             let mut last: HashMap<&str, usize> = HashMap::with_capacity(self.rows.len());
             for (i, row) in self.rows.iter().enumerate() {
                 match last.insert(row.subject.as_str(), i) {
                     Some(previous) => next[previous] = Some(i),
-                    None => ready.push(i),
+                    None => ready.push_back(i),
                 }
             }
         }
@@ -1138,12 +1145,40 @@ impl Claim<'_> {
             }
         };
 
+        // One timer for the whole batch, raced against every send and every wait for acks.
+        let expiry = sleep_until(deadline);
+        tokio::pin!(expiry);
+        let mut expired = false;
         let mut failures: Vec<(usize, Failure)> = Vec::new();
         let mut in_flight = FuturesUnordered::new();
+        let mut flying = vec![false; self.rows.len()];
+        let mut acks: Vec<(usize, Result<PublishAck, PublishError>)> = Vec::new();
         loop {
-            for i in ready.drain(..) {
+            for (i, result) in acks.drain(..) {
+                flying[i] = false;
+                match result {
+                    Ok(ack) => {
+                        self.acked.push(i);
+                        self.report.published += 1;
+                        if ack.duplicate {
+                            self.report.duplicates += 1;
+                        }
+                        let lag = (Utc::now() - self.rows[i].created_at)
+                            .to_std()
+                            .unwrap_or_default();
+                        metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
+                        // the subject's next event goes out only now that this one is stored
+                        ready.extend(next[i]);
+                    }
+                    Err(e) => {
+                        failures.push((i, Failure::Refused(e.to_string())));
+                        skip_after(i, &mut self.report.skipped);
+                    }
+                }
+            }
+            while let Some(i) = ready.pop_front() {
                 let row = &self.rows[i];
-                if row.attempts >= config.max_attempts || Instant::now() >= deadline {
+                if row.attempts >= config.max_attempts || expired {
                     // at the cap (held), or out of time: this row and the rest are not attempted
                     self.report.skipped += 1;
                     skip_after(i, &mut self.report.skipped);
@@ -1182,46 +1217,55 @@ impl Claim<'_> {
                 );
                 let send =
                     jetstream.publish_with_headers(row.event_type.clone(), headers, body.into());
-                match timeout_at(deadline, send).await {
-                    Ok(Ok(ack)) => {
-                        in_flight.push(timeout_at(deadline, ack.into_future()).map(move |r| (i, r)))
+                tokio::pin!(send);
+                // A send may wait for an ack slot of the context (`max_ack_inflight`), which
+                // only the acks in flight free: keep collecting them meanwhile.
+                let sent = loop {
+                    tokio::select! {
+                        biased;
+                        sent = &mut send => break Some(sent),
+                        Some(done) = in_flight.next(), if !in_flight.is_empty() => acks.push(done),
+                        () = &mut expiry => break None,
                     }
-                    Ok(Err(e)) => {
+                };
+                match sent {
+                    Some(Ok(ack)) => {
+                        flying[i] = true;
+                        in_flight.push(ack.into_future().map(move |r| (i, r)));
+                    }
+                    Some(Err(e)) => {
                         failures.push((i, Failure::Refused(e.to_string())));
                         skip_after(i, &mut self.report.skipped);
                     }
-                    Err(_) => {
+                    None => {
+                        expired = true;
                         failures.push((i, Failure::Deadline));
                         skip_after(i, &mut self.report.skipped);
                     }
                 }
             }
-            let Some((i, result)) = in_flight.next().await else {
+            if !acks.is_empty() {
+                continue; // acks collected while sending may make more rows ready
+            }
+            if in_flight.is_empty() {
                 break;
-            };
-            match result {
-                Ok(Ok(ack)) => {
-                    self.acked.push(i);
-                    self.report.published += 1;
-                    if ack.duplicate {
-                        self.report.duplicates += 1;
+            }
+            if !expired {
+                tokio::select! {
+                    biased;
+                    Some(done) = in_flight.next() => {
+                        acks.push(done);
+                        continue;
                     }
-                    let lag = (Utc::now() - self.rows[i].created_at)
-                        .to_std()
-                        .unwrap_or_default();
-                    metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
-                    // the subject's next event goes out only now that this one is stored
-                    ready.extend(next[i]);
-                }
-                Ok(Err(e)) => {
-                    failures.push((i, Failure::Refused(e.to_string())));
-                    skip_after(i, &mut self.report.skipped);
-                }
-                Err(_) => {
-                    failures.push((i, Failure::Deadline));
-                    skip_after(i, &mut self.report.skipped);
+                    () = &mut expiry => {}
                 }
             }
+            // the deadline passed: every row still awaiting its ack failed
+            for (i, _) in flying.iter().enumerate().filter(|(_, f)| **f) {
+                failures.push((i, Failure::Deadline));
+                skip_after(i, &mut self.report.skipped);
+            }
+            break;
         }
 
         // Update the in-memory backoff of the subjects touched by this batch.

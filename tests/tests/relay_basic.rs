@@ -605,3 +605,33 @@ async fn a_batch_publishes_each_subjects_events_in_order() {
     assert_eq!(stored, emitted, "every event stored once");
     ctx.delete_stream().await;
 }
+
+#[tokio::test]
+async fn a_batch_wider_than_the_contexts_ack_window_is_published_whole() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let paid = ctx.event_type("billing.invoice.paid");
+    let schemas = open_schemas(std::slice::from_ref(&paid));
+    for i in 0..40 {
+        let event = raw(&paid, &format!("inv-{i}"), json!({ "n": i }));
+        common::emit_committed(ctx.pool(), &schemas, event).await;
+    }
+    // 40 subjects, so 40 first events sent at once, through a context that lets 8 acks be
+    // pending: each send past the eighth waits for an ack slot, which only the relay's
+    // collecting of acks frees
+    let narrow = async_nats::jetstream::context::ContextBuilder::new()
+        .max_ack_inflight(8)
+        .build(ctx.client.clone());
+    let config = RelayConfig {
+        ack_timeout: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let relay = Relay::new(ctx.pool().clone(), narrow, config)
+        .await
+        .unwrap();
+    let report = relay.run_once().await.unwrap();
+    assert_eq!((report.claimed, report.published), (40, 40), "{report:?}");
+    assert_eq!((report.failed, report.skipped), (0, 0), "{report:?}");
+    assert_eq!(ctx.stream_len().await, 40);
+    ctx.delete_stream().await;
+}
