@@ -42,10 +42,10 @@
 //!   subject after that relay committed (Postgres does not promise to test rows in `created_at`
 //!   order); the claim then holds some of a subject's rows but not an older one. Unless the
 //!   claim holds every unpublished row up to its newest one, outside the subjects this relay
-//!   backs off (counted by a second query), a
-//!   third query finds, per subject, the oldest unpublished row older than the subject's newest
-//!   claimed row that the claim does not hold, and cuts the subject's rows there: a batch only
-//!   ever publishes a gap-free prefix of each subject's unpublished rows.
+//!   backs off (counted by a second query), a third query finds, per subject, the oldest
+//!   unpublished row older than the subject's newest claimed row that the claim does not hold,
+//!   and cuts the subject's rows there: a batch only ever publishes a gap-free prefix of each
+//!   subject's unpublished rows.
 //! - Within a batch, a subject's events go out one after the other, each after the previous
 //!   one's ack; once one fails, its later events in the batch are not published and their
 //!   `attempts` are not incremented (they were not attempted).
@@ -841,20 +841,20 @@ impl Relay {
 }
 
 /// Cuts each subject's claimed rows at the first hole (see [`GAPS`], run when [`UNCLAIMED`]
-/// finds rows the claim does not hold): only the rows older than
-/// the oldest unpublished row the claim does not hold are kept, so a batch always holds a
-/// gap-free prefix of each subject's unpublished rows. The cut rows stay locked and untouched
+/// finds rows the claim does not hold): only the rows older than the oldest unpublished row
+/// the claim does not hold are kept, so a batch always holds a gap-free prefix of each
+/// subject's unpublished rows. The cut rows stay locked and untouched
 /// until the transaction ends; a later batch takes them, after the hole.
 async fn drop_gaps(
     tx: &mut Transaction<'static, Postgres>,
     rows: Vec<Row>,
     excluded: &[String],
 ) -> Result<Vec<Row>> {
-    let Some(newest) = rows.iter().map(|r| r.created_at).max() else {
+    let Some(latest) = rows.iter().map(|r| r.created_at).max() else {
         return Ok(rows);
     };
     let in_range: i64 = sqlx::query_scalar(UNCLAIMED)
-        .bind(newest)
+        .bind(latest)
         .bind(excluded)
         .fetch_one(&mut **tx)
         .await
@@ -868,7 +868,6 @@ async fn drop_gaps(
         newest.insert(row.subject.as_str(), row.created_at);
     }
     let (subjects, lasts): (Vec<&str>, Vec<DateTime<Utc>>) = newest.into_iter().unzip();
-    let latest = lasts.iter().max().copied();
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     let holes: HashMap<String, DateTime<Utc>> = sqlx::query_as(GAPS)
         .bind(&subjects)
@@ -1144,12 +1143,17 @@ impl Claim<'_> {
                 at = next[j];
             }
         };
+        let mut failures: Vec<(usize, Failure)> = Vec::new();
+        // Row `i` failed: it counts as an attempt, the rest of its chain as skipped.
+        let mut fail = |i: usize, failure: Failure, skipped: &mut usize| {
+            failures.push((i, failure));
+            skip_after(i, skipped);
+        };
 
         // One timer for the whole batch, raced against every send and every wait for acks.
         let expiry = sleep_until(deadline);
         tokio::pin!(expiry);
         let mut expired = false;
-        let mut failures: Vec<(usize, Failure)> = Vec::new();
         let mut in_flight = FuturesUnordered::new();
         let mut flying = vec![false; self.rows.len()];
         let mut acks: Vec<(usize, Result<PublishAck, PublishError>)> = Vec::new();
@@ -1171,8 +1175,7 @@ impl Claim<'_> {
                         ready.extend(next[i]);
                     }
                     Err(e) => {
-                        failures.push((i, Failure::Refused(e.to_string())));
-                        skip_after(i, &mut self.report.skipped);
+                        fail(i, Failure::Refused(e.to_string()), &mut self.report.skipped);
                     }
                 }
             }
@@ -1185,8 +1188,11 @@ impl Claim<'_> {
                     continue;
                 }
                 if client.connection_state() != State::Connected {
-                    failures.push((i, Failure::Refused("not connected to NATS".into())));
-                    skip_after(i, &mut self.report.skipped);
+                    fail(
+                        i,
+                        Failure::Refused("not connected to NATS".into()),
+                        &mut self.report.skipped,
+                    );
                     continue;
                 }
                 let envelope = EnvelopeRef::new(
@@ -1200,8 +1206,7 @@ impl Claim<'_> {
                 let body = match envelope.to_vec() {
                     Ok(b) => b,
                     Err(e) => {
-                        failures.push((i, Failure::Refused(e.to_string())));
-                        skip_after(i, &mut self.report.skipped);
+                        fail(i, Failure::Refused(e.to_string()), &mut self.report.skipped);
                         continue;
                     }
                 };
@@ -1234,13 +1239,11 @@ impl Claim<'_> {
                         in_flight.push(ack.into_future().map(move |r| (i, r)));
                     }
                     Some(Err(e)) => {
-                        failures.push((i, Failure::Refused(e.to_string())));
-                        skip_after(i, &mut self.report.skipped);
+                        fail(i, Failure::Refused(e.to_string()), &mut self.report.skipped);
                     }
                     None => {
                         expired = true;
-                        failures.push((i, Failure::Deadline));
-                        skip_after(i, &mut self.report.skipped);
+                        fail(i, Failure::Deadline, &mut self.report.skipped);
                     }
                 }
             }
@@ -1262,8 +1265,7 @@ impl Claim<'_> {
             }
             // the deadline passed: every row still awaiting its ack failed
             for (i, _) in flying.iter().enumerate().filter(|(_, f)| **f) {
-                failures.push((i, Failure::Deadline));
-                skip_after(i, &mut self.report.skipped);
+                fail(i, Failure::Deadline, &mut self.report.skipped);
             }
             break;
         }

@@ -34,6 +34,31 @@ async fn lock_row(ctx: &Ctx, id: Uuid) -> sqlx::Transaction<'static, sqlx::Postg
     tx
 }
 
+/// One committed event of `event_type` on `subject` per `n`, with data `{"n": n}`; their ids.
+async fn emit_each(
+    ctx: &Ctx,
+    schemas: &Schemas,
+    event_type: &str,
+    subject: &str,
+    ns: std::ops::Range<i64>,
+) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for n in ns {
+        let event = raw(event_type, subject, json!({ "n": n }));
+        ids.push(common::emit_committed(ctx.pool(), schemas, event).await);
+    }
+    ids
+}
+
+/// The ids of `subject`'s events, in stream order.
+fn ids_of(messages: &[common::Delivered], subject: &str) -> Vec<Uuid> {
+    messages
+        .iter()
+        .filter(|m| m.envelope.subject == subject)
+        .map(|m| m.envelope.id)
+        .collect()
+}
+
 fn raw(event_type: &str, subject: &str, data: serde_json::Value) -> RawEvent {
     RawEvent {
         event_type: event_type.to_owned(),
@@ -481,13 +506,8 @@ async fn a_claim_with_a_hole_in_a_subject_publishes_only_the_rows_before_it() {
     ctx.ensure_stream().await;
     let changed = ctx.event_type("billing.account.changed");
     let schemas = open_schemas(std::slice::from_ref(&changed));
-    let mut ids = Vec::new();
-    for n in 0..5 {
-        let event = raw(&changed, "acct-1", json!({ "n": n }));
-        ids.push(common::emit_committed(ctx.pool(), &schemas, event).await);
-    }
-    let event = raw(&changed, "acct-2", json!({ "n": 9 }));
-    let other = common::emit_committed(ctx.pool(), &schemas, event).await;
+    let ids = emit_each(&ctx, &schemas, &changed, "acct-1", 0..5).await;
+    let other = emit_each(&ctx, &schemas, &changed, "acct-2", 9..10).await;
 
     // Another transaction holds the third row's lock (as a claim that tested it earlier, under
     // a partition lock since released, would): the claim skips it and takes the rows around it.
@@ -503,20 +523,13 @@ async fn a_claim_with_a_hole_in_a_subject_publishes_only_the_rows_before_it() {
         "acct-1 is cut at the hole, acct-2 goes: {report:?}"
     );
     // order is per subject: the stream read one subject at a time
-    let published = |messages: &[common::Delivered], subject: &str| -> Vec<Uuid> {
-        messages
-            .iter()
-            .filter(|m| m.envelope.subject == subject)
-            .map(|m| m.envelope.id)
-            .collect()
-    };
     let messages = ctx.read_stream().await;
     assert_eq!(
-        published(&messages, "acct-1"),
+        ids_of(&messages, "acct-1"),
         [ids[0], ids[1]],
         "nothing of acct-1 overtakes the held row"
     );
-    assert_eq!(published(&messages, "acct-2"), [other]);
+    assert_eq!(ids_of(&messages, "acct-2"), other);
     let untouched: i64 = sqlx::query_scalar(
         "select count(*) from outbox_events where id = any($1) and published_at is null and attempts = 0",
     )
@@ -529,7 +542,7 @@ async fn a_claim_with_a_hole_in_a_subject_publishes_only_the_rows_before_it() {
     holder.rollback().await.unwrap();
     assert_eq!(relay.run_once().await.unwrap().published, 3);
     assert_eq!(
-        published(&ctx.read_stream().await, "acct-1"),
+        ids_of(&ctx.read_stream().await, "acct-1"),
         ids,
         "acct-1 in emit order"
     );
@@ -542,11 +555,7 @@ async fn a_held_row_sharing_the_claimed_rows_instant_holds_its_subject() {
     ctx.ensure_stream().await;
     let changed = ctx.event_type("billing.account.changed");
     let schemas = open_schemas(std::slice::from_ref(&changed));
-    let mut ids = Vec::new();
-    for n in 0..2 {
-        let event = raw(&changed, "acct-1", json!({ "n": n }));
-        ids.push(common::emit_committed(ctx.pool(), &schemas, event).await);
-    }
+    let ids = emit_each(&ctx, &schemas, &changed, "acct-1", 0..2).await;
     // the same created_at (a clock step, or two emits in one microsecond)
     sqlx::query(
         "update outbox_events set created_at = (select min(created_at) from outbox_events)",
@@ -613,8 +622,7 @@ async fn a_batch_wider_than_the_contexts_ack_window_is_published_whole() {
     let paid = ctx.event_type("billing.invoice.paid");
     let schemas = open_schemas(std::slice::from_ref(&paid));
     for i in 0..40 {
-        let event = raw(&paid, &format!("inv-{i}"), json!({ "n": i }));
-        common::emit_committed(ctx.pool(), &schemas, event).await;
+        emit_each(&ctx, &schemas, &paid, &format!("inv-{i}"), i..i + 1).await;
     }
     // 40 subjects, so 40 first events sent at once, through a context that lets 8 acks be
     // pending: each send past the eighth waits for an ack slot, which only the relay's
