@@ -12,7 +12,9 @@
 //!   drain a refilled backlog of the same size.
 //!
 //! Options: `--quick` (10,000 events, one round), `--events=N` (backlog size), `--batch=N`
-//! (relay batch size, default `RelayConfig::default().batch_size`), `--window=N` (raw publishes in flight, default 256).
+//! (relay batch size, default `RelayConfig::default().batch_size`), `--lanes=N` (batch loops
+//! per relay, default `RelayConfig::default().lanes`), `--window=N` (raw publishes in flight,
+//! default 256).
 //!
 //! All publish to one stream (file storage, purged between runs). Last line:
 //! `relay_vs_raw_ratio=<median relay x1 rate / median raw rate>`.
@@ -41,6 +43,20 @@ fn batch_size() -> usize {
     common::option("batch").map_or(RelayConfig::default().batch_size, |b| b as usize)
 }
 
+fn lanes() -> usize {
+    common::option("lanes").map_or(RelayConfig::default().lanes, |l| l as usize)
+}
+
+/// The relays' configuration: defaults but for `--batch` and `--lanes`.
+fn relay_config(stream: &BenchStream) -> RelayConfig {
+    RelayConfig {
+        subjects: stream.event_types(),
+        batch_size: batch_size(),
+        lanes: lanes(),
+        ..Default::default()
+    }
+}
+
 /// Runs the benchmark and prints its figures.
 pub fn run() {
     common::print_command();
@@ -56,8 +72,9 @@ async fn bench(quick: bool) {
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
-        "backlog {events} events, {SUBJECTS} subjects, relay batch {}, raw window {}, {rounds} rounds, stream {} (file storage)",
+        "backlog {events} events, {SUBJECTS} subjects, relay batch {}, {} lanes per relay, raw window {}, {rounds} rounds, stream {} (file storage)",
         batch_size(),
+        lanes(),
         window(),
         stream.name
     );
@@ -181,12 +198,9 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
     let mut started_relays = Vec::with_capacity(relays);
     for _ in 0..relays {
         let client = common::connect_nats().await;
-        let config = RelayConfig {
-            subjects: stream.event_types(),
-            batch_size: batch_size(),
-            ..Default::default()
-        };
-        let relay = Relay::new(db.pool(4).await, jetstream::new(client), config)
+        let config = relay_config(stream);
+        let pool = db.pool(config.lanes as u32 + 2).await;
+        let relay = Relay::new(pool, jetstream::new(client), config)
             .await
             .expect("start a relay");
         started_relays.push(Arc::new(relay));
@@ -245,17 +259,12 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
 /// [`Claim::commit`](outbox_runtime::Claim::commit)) and prints the median time of each step
 /// per batch: where a batch's time goes.
 async fn steps(db: &BenchDb, stream: &BenchStream) {
-    let relay = Relay::new(
-        db.pool(4).await,
-        jetstream::new(common::connect_nats().await),
-        RelayConfig {
-            subjects: stream.event_types(),
-            batch_size: batch_size(),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("start a relay");
+    // one batch at a time: `claim` takes every partition, whatever the lanes
+    let config = relay_config(stream);
+    let pool = db.pool(config.lanes as u32 + 2).await;
+    let relay = Relay::new(pool, jetstream::new(common::connect_nats().await), config)
+        .await
+        .expect("start a relay");
     let (mut claim_ms, mut publish_ms, mut mark_ms) = (Vec::new(), Vec::new(), Vec::new());
     let started = Instant::now();
     let mut published = 0;

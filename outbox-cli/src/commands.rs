@@ -65,6 +65,9 @@ pub struct RelayArgs {
     /// Rows claimed per transaction.
     #[arg(long, default_value_t = RelayConfig::default().batch_size)]
     batch_size: usize,
+    /// Batch loops run at once, each on its own share of the subject partitions.
+    #[arg(long, default_value_t = RelayConfig::default().lanes)]
+    lanes: usize,
     /// Publish attempts after which a row is left alone until unblocked.
     #[arg(long, default_value_t = RelayConfig::default().max_attempts)]
     max_attempts: i32,
@@ -497,6 +500,7 @@ fn render_envelope(subject: &str, payload: &[u8]) -> String {
 async fn relay(args: RelayArgs) -> Result<ExitCode> {
     let config = RelayConfig {
         batch_size: args.batch_size,
+        lanes: args.lanes,
         max_attempts: args.max_attempts,
         backoff_base: secs(args.backoff_base, "backoff-base")?,
         backoff_max: secs(args.backoff_max, "backoff-max")?,
@@ -513,7 +517,8 @@ async fn relay(args: RelayArgs) -> Result<ExitCode> {
         tracing::info!(%addr, "serving Prometheus metrics");
     }
     let signal = shutdown_signal();
-    let pool = connect::pool(&args.db, 4).await?;
+    // a connection per lane, one for LISTEN, one for the gauges and the progress line
+    let pool = connect::pool(&args.db, config.lanes as u32 + 2).await?;
     let js = connect::jetstream(&args.nats).await?;
     let relay = outbox_runtime::Relay::new(pool.clone(), js, config).await?;
     let shutdown = async {

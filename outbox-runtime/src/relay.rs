@@ -31,6 +31,20 @@
 //! stay unpublished and the next batch republishes them under the same id, which JetStream
 //! drops as a duplicate inside its duplicate window.
 //!
+//! # Lanes
+//!
+//! [`Relay::run`] runs [`RelayConfig::lanes`] batch loops at once (default 2), each with its own
+//! transaction, so that one lane's Postgres work (claim, mark, commit: about half of a batch's
+//! time) overlaps another lane's publishing. A lane claims only from its share of the subject
+//! partitions (`partition % lanes == lane`, tested before the partition's advisory lock is
+//! taken), so the lanes of one relay never compete for a row or a lock and each subject belongs
+//! to one lane. Lanes of different relays would compete for the same rows, and a claim that
+//! finds the rows it wants held by another transaction scans the backlog for nothing: so a
+//! relay that finds another relay's locks (a batch that published nothing while rows were
+//! waiting under other transactions' locks) runs one lane on every partition for the next 30 s,
+//! its other lanes resting, and splits again when that time passes without such a find.
+//! [`Relay::claim`] and [`Relay::run_once`] claim from every partition.
+//!
 //! # Order
 //!
 //! Order is per `subject` (the entity an event is about), across any number of relays on one
@@ -77,18 +91,22 @@
 //! # Wake-up
 //!
 //! Every emit notifies the channel [`NOTIFY_CHANNEL`] when its transaction commits. The relay
-//! listens on it (`LISTEN`), and after a full batch claims again at once; otherwise it waits for
-//! a notification, the fallback poll ([`RelayConfig::poll_interval`]), the earliest subject
-//! retry, a loop backoff, or shutdown. A lost listener connection is re-established (the relay
-//! claims once after each reconnect, since notifications may have been missed), and the poll
-//! keeps rows moving meanwhile.
+//! listens on it (`LISTEN`), and after a batch that published anything claims again at once
+//! (one empty claim ends a drained backlog). After a batch that published nothing, it checks
+//! whether rows are waiting that other transactions hold (another relay's batch: its row locks,
+//! its partitions' advisory locks, or an older row of a claimed subject). If so it claims again
+//! after 10 ms, doubling while that lasts up to the poll interval, since another relay's commit
+//! sends no notification. Otherwise it waits for a notification, the fallback poll
+//! ([`RelayConfig::poll_interval`]), the earliest subject retry, a loop backoff, or shutdown. A
+//! lost listener connection is re-established (the relay claims once after each reconnect,
+//! since notifications may have been missed), and the poll keeps rows moving meanwhile.
 //!
 //! # Failures and shutdown
 //!
-//! A Postgres or NATS outage makes batches fail; the loop logs, backs off and keeps going (the
+//! A Postgres or NATS outage makes batches fail; each lane logs, backs off and keeps going (the
 //! pool and the NATS client reconnect by themselves), and nothing is lost because nothing is
 //! marked without an ack. [`Relay::run`] returns when its `shutdown` future completes: a batch in
-//! progress is never cut short (it is bounded by `ack_timeout`), it commits, and then the loop
+//! progress is never cut short (it is bounded by `ack_timeout`), it commits, and then its lane
 //! ends.
 //!
 //! # Start-up checks
@@ -102,7 +120,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_nats::connection::State;
@@ -123,7 +141,7 @@ use sqlx::postgres::{
     PgValueRef,
 };
 use sqlx::{PgPool, Postgres, Transaction};
-use tokio::sync::Notify;
+use tokio::sync::watch;
 use tokio::time::{sleep_until, timeout, Instant};
 use tracing::Instrument;
 use uuid::Uuid;
@@ -178,10 +196,36 @@ select id, event_type, source, subject, time, data, created_at, attempts, ctid
                         where h.published_at is null
                           and h.attempts > 0
                           and h.attempts >= $2)
-   and pg_try_advisory_xact_lock($4, (hashtext(subject) & 2147483647) % $5)
+   and case when (hashtext(subject) & 2147483647) % $5 % $6 = $7
+            then pg_try_advisory_xact_lock($4, (hashtext(subject) & 2147483647) % $5)
+       end
  order by created_at
  limit $1
    for update skip locked";
+
+/// Whether any row is claimable but for the locks of other transactions: [`CLAIM`] without
+/// its locks and its order, for one lane.
+const CONTENDED: &str = "\
+select exists (
+select 1
+  from outbox_events
+ where published_at is null
+   and attempts < $1
+   and subject <> all($2)
+   and subject not in (select h.subject from outbox_events h
+                        where h.published_at is null
+                          and h.attempts > 0
+                          and h.attempts >= $1)
+   and (hashtext(subject) & 2147483647) % $3 % $4 = $5)";
+
+/// How long a relay with several lanes runs one lane only after it last found rows held by
+/// another transaction (another relay): lanes of several relays compete for the same rows, and
+/// a claim that finds its rows held scans the whole backlog for nothing.
+const SHARING_HOLD: Duration = Duration::from_secs(30);
+
+/// How soon a relay claims again after a batch in which other transactions held every row it
+/// could have published ([`Relay::contended`]).
+const CONTENDED_RETRY: Duration = Duration::from_millis(10);
 
 /// The check before [`GAPS`]: the unpublished rows up to the claim's newest, outside the
 /// subjects this relay backs off (`$2`, the list the claim excluded). The claimed rows are among
@@ -196,7 +240,8 @@ select count(*)
   from outbox_events
  where published_at is null
    and created_at <= $1
-   and subject <> all($2)";
+   and subject <> all($2)
+   and (hashtext(subject) & 2147483647) % $3 % $4 = $5";
 
 /// For each subject of a claim, the oldest unpublished row not newer than the subject's newest
 /// claimed row that the claim does not hold (a row sharing that `created_at` counts, and the
@@ -263,6 +308,15 @@ pub struct RelayConfig {
     /// More partitions let more relays work in parallel; every relay on a table must use the
     /// same value. Default 1024.
     pub partitions: i32,
+    /// Batch loops this relay runs at once, each an open transaction of its own claiming from
+    /// its share of the partitions (`partition % lanes`), so that one lane's Postgres work
+    /// (claim, mark, commit) overlaps another's publishing. Lanes of one relay never compete
+    /// for a row; while another relay works on the table, the relay runs one lane only (see
+    /// the [module docs](self), *Lanes*). The pool must allow `lanes + 1` connections (one per
+    /// lane and one for `LISTEN`). Default 2: on a two-core machine that also runs Postgres
+    /// and NATS, one relay drains a backlog about 15-25% faster than with one lane, and three
+    /// or four lanes add nothing there (see the README's performance section).
+    pub lanes: usize,
     /// NATS subjects (event types) this relay is expected to publish. At start it checks that a
     /// stream captures each one and that the stream's duplicate window covers
     /// [`retry_horizon`](Self::retry_horizon). Empty (the default) skips the check.
@@ -279,6 +333,7 @@ impl Default for RelayConfig {
             max_attempts: 20,
             poll_interval: Duration::from_secs(5),
             partitions: 1024,
+            lanes: 2,
             subjects: Vec::new(),
         }
     }
@@ -313,6 +368,9 @@ impl RelayConfig {
         }
         if self.partitions < 1 {
             return fail("relay partitions must be at least 1");
+        }
+        if self.lanes == 0 || self.lanes > 64 || self.lanes > self.partitions as usize {
+            return fail("relay lanes must be between 1 and 64, and at most partitions");
         }
         Ok(())
     }
@@ -412,6 +470,19 @@ impl Counters {
     }
 }
 
+/// The share of the subject partitions one batch loop of a relay claims from: the partitions
+/// `p` with `p % count == index`.
+#[derive(Debug, Clone, Copy)]
+struct Lane {
+    index: i32,
+    count: i32,
+}
+
+impl Lane {
+    /// Every partition.
+    const ALL: Lane = Lane { index: 0, count: 1 };
+}
+
 /// A subject this relay is backing off.
 #[derive(Debug, Clone, Copy)]
 struct Backoff {
@@ -455,6 +526,8 @@ pub struct Relay {
     config: RelayConfig,
     backoffs: Mutex<HashMap<String, Backoff>>,
     counters: Counters,
+    /// Until when this relay shares the table with another relay and runs one lane only.
+    sharing_until: Mutex<Option<Instant>>,
 }
 
 impl fmt::Debug for Relay {
@@ -509,7 +582,8 @@ impl Relay {
     pub async fn connect(database_url: &str, nats_url: &str, config: RelayConfig) -> Result<Relay> {
         config.validate()?;
         let pool = PgPoolOptions::new()
-            .max_connections(4)
+            // a connection per lane, one for LISTEN, one for the gauges and the checks
+            .max_connections(config.lanes as u32 + 2)
             .acquire_timeout(config.ack_timeout.max(Duration::from_secs(5)))
             .connect(database_url)
             .await
@@ -537,7 +611,8 @@ impl Relay {
     }
 
     /// A relay on `pool` publishing through `jetstream`, after checking that it can work: the
-    /// configuration is valid, Postgres answers and has the outbox table, NATS answers with
+    /// configuration is valid, the pool allows a connection per lane and one for `LISTEN`
+    /// ([`RelayConfig::lanes`] + 1), Postgres answers and has the outbox table, NATS answers with
     /// JetStream enabled, and a stream with a long enough duplicate window captures each of
     /// [`RelayConfig::subjects`].
     ///
@@ -557,6 +632,14 @@ impl Relay {
         config: RelayConfig,
     ) -> Result<Relay> {
         config.validate()?;
+        let connections = pool.options().get_max_connections() as usize;
+        if connections <= config.lanes {
+            return Err(Error::Config(format!(
+                "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane and one for LISTEN): raise the pool's max_connections or lower RelayConfig::lanes",
+                config.lanes,
+                config.lanes + 1
+            )));
+        }
         sqlx::query("select 1 from outbox_events limit 0")
             .execute(&pool)
             .await
@@ -624,6 +707,7 @@ impl Relay {
             config,
             backoffs: Mutex::new(HashMap::new()),
             counters: Counters::default(),
+            sharing_until: Mutex::new(None),
         })
     }
 
@@ -675,7 +759,8 @@ impl Relay {
     }
 
     /// Claims a batch: the first step of [`run_once`](Self::run_once), for callers that drive
-    /// the steps themselves.
+    /// the steps themselves. It claims from every partition, whatever
+    /// [`RelayConfig::lanes`] says.
     ///
     /// ```no_run
     /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
@@ -686,11 +771,19 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self) -> Result<Claim<'_>> {
-        let tx = self.pool.begin().await.map_err(db_error)?;
-        self.claim_in(tx).await
+        self.claim_lane(Lane::ALL).await
     }
 
-    async fn claim_in(&self, mut tx: Transaction<'static, Postgres>) -> Result<Claim<'_>> {
+    async fn claim_lane(&self, lane: Lane) -> Result<Claim<'_>> {
+        let tx = self.pool.begin().await.map_err(db_error)?;
+        self.claim_in(tx, lane).await
+    }
+
+    async fn claim_in(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        lane: Lane,
+    ) -> Result<Claim<'_>> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
             // a statement of its own rather than part of BEGIN: if it fails, dropping the
@@ -706,11 +799,13 @@ impl Relay {
                 .bind(&excluded)
                 .bind(LOCK_NAMESPACE)
                 .bind(self.config.partitions)
+                .bind(lane.count)
+                .bind(lane.index)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(db_error)?;
             let claimed = rows.len();
-            let rows = drop_gaps(&mut tx, rows, &excluded).await?;
+            let rows = drop_gaps(&mut tx, rows, &excluded, self.config.partitions, lane).await?;
             tracing::Span::current().record("claimed", claimed);
             let skipped = claimed - rows.len();
             Ok(Claim {
@@ -753,7 +848,8 @@ impl Relay {
             .min()
     }
 
-    /// One batch: claim, publish, mark, commit.
+    /// One batch: claim, publish, mark, commit. Like [`claim`](Self::claim), it claims from
+    /// every partition.
     ///
     /// ```no_run
     /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
@@ -761,16 +857,11 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn run_once(&self) -> Result<BatchReport> {
-        let mut claim = self.claim().await?;
-        if claim.is_empty() {
-            return claim.release().await;
-        }
-        claim.publish().await;
-        claim.commit().await
+        self.run_lane_once(Lane::ALL).await
     }
 
-    /// Runs batches until `shutdown` completes, then returns. A batch in progress when it
-    /// completes is finished and committed first.
+    /// Runs batches, in [`RelayConfig::lanes`] loops at once, until `shutdown` completes, then
+    /// returns. The batches in progress when it completes are finished and committed first.
     ///
     /// While it runs, it also refreshes the backlog gauges (`outbox_unpublished`,
     /// `outbox_oldest_unpublished_age_seconds`, `outbox_rows_at_attempt_cap`) at start and every
@@ -785,8 +876,7 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        let mut shutdown = std::pin::pin!(shutdown.fuse());
-        let wake = Arc::new(Notify::new());
+        let (wake, _) = watch::channel(());
         let listener = tokio::spawn(listen(
             self.pool.clone(),
             wake.clone(),
@@ -795,20 +885,74 @@ impl Relay {
         let _listener = AbortOnDrop(listener);
         let gauges = tokio::spawn(refresh_gauges(self.pool.clone(), self.config.max_attempts));
         let _gauges = AbortOnDrop(gauges);
+        let (stop, stopped) = watch::channel(false);
+        let count = self.config.lanes as i32;
+        let lanes =
+            futures::future::join_all((0..count).map(|index| {
+                self.run_lane(Lane { index, count }, wake.subscribe(), stopped.clone())
+            }));
+        tokio::pin!(lanes);
+        tokio::select! {
+            _ = &mut lanes => {}
+            () = shutdown => {
+                stop.send_replace(true);
+                lanes.await;
+            }
+        }
+        Ok(())
+    }
+
+    /// One batch loop, on `lane`'s partitions, until `stop` turns true.
+    async fn run_lane(
+        &self,
+        lane: Lane,
+        mut wake: watch::Receiver<()>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut loop_failures = 0u32;
+        let mut contended = 0u32;
         loop {
             let mut pause = None;
             let mut again = false;
-            match self.run_once().await {
+            let mut this_lane = lane;
+            if lane.count > 1 {
+                if let Some(until) = self.sharing() {
+                    // another relay works on the table: lane 0 takes every partition, and the
+                    // other lanes rest until the sharing ends
+                    if lane.index > 0 {
+                        tokio::select! {
+                            _ = stop.changed() => return,
+                            _ = sleep_until(until) => continue,
+                        }
+                    }
+                    this_lane = Lane::ALL;
+                }
+            }
+            match self.run_lane_once(this_lane).await {
                 Ok(r) if r.published > 0 => {
                     loop_failures = 0;
-                    again = r.claimed >= self.config.batch_size;
+                    contended = 0;
+                    again = true;
                 }
                 Ok(r) if r.failed > 0 => {
                     loop_failures += 1;
                     pause = Some(self.config.backoff(loop_failures));
                 }
-                Ok(_) => {}
+                Ok(_) => match self.contended(this_lane).await {
+                    Ok(true) => {
+                        self.share_for(SHARING_HOLD);
+                        let wait = CONTENDED_RETRY * (1 << contended.min(16));
+                        pause = Some(wait.min(self.config.poll_interval));
+                        contended += 1;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        loop_failures += 1;
+                        let wait = self.config.backoff(loop_failures);
+                        tracing::warn!(error = %e, retry_in = ?wait, "outbox relay batch failed");
+                        pause = Some(wait);
+                    }
+                },
                 Err(e) => {
                     loop_failures += 1;
                     let wait = self.config.backoff(loop_failures);
@@ -816,8 +960,8 @@ impl Relay {
                     pause = Some(wait);
                 }
             }
-            if (&mut shutdown).now_or_never().is_some() {
-                break;
+            if *stop.borrow() {
+                return;
             }
             if again {
                 continue;
@@ -831,12 +975,47 @@ impl Relay {
                 }
             };
             tokio::select! {
-                _ = &mut shutdown => break,
+                _ = stop.changed() => return,
                 _ = sleep_until(until) => {}
-                _ = wake.notified(), if pause.is_none() => {}
+                _ = wake.changed(), if pause.is_none() => {}
             }
         }
-        Ok(())
+    }
+
+    /// Whether `lane` has rows this relay could publish but another transaction holds (their
+    /// row locks, their partitions' advisory locks, or an older row of their subject): checked
+    /// after a batch that published nothing, so that a relay that lost every row of a claim to
+    /// other relays claims again shortly instead of waiting for a notification (their commits
+    /// send none) or the fallback poll.
+    async fn contended(&self, lane: Lane) -> Result<bool> {
+        sqlx::query_scalar(CONTENDED)
+            .bind(self.config.max_attempts)
+            .bind(self.excluded_subjects())
+            .bind(self.config.partitions)
+            .bind(lane.count)
+            .bind(lane.index)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_error)
+    }
+
+    /// When another relay's locks were last seen plus [`SHARING_HOLD`], if that is still ahead.
+    fn sharing(&self) -> Option<Instant> {
+        let until = *self.sharing_until.lock().unwrap_or_else(|p| p.into_inner());
+        until.filter(|t| *t > Instant::now())
+    }
+
+    fn share_for(&self, hold: Duration) {
+        *self.sharing_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + hold);
+    }
+
+    async fn run_lane_once(&self, lane: Lane) -> Result<BatchReport> {
+        let mut claim = self.claim_lane(lane).await?;
+        if claim.is_empty() {
+            return claim.release().await;
+        }
+        claim.publish().await;
+        claim.commit().await
     }
 }
 
@@ -849,6 +1028,8 @@ async fn drop_gaps(
     tx: &mut Transaction<'static, Postgres>,
     rows: Vec<Row>,
     excluded: &[String],
+    partitions: i32,
+    lane: Lane,
 ) -> Result<Vec<Row>> {
     let Some(latest) = rows.iter().map(|r| r.created_at).max() else {
         return Ok(rows);
@@ -856,6 +1037,9 @@ async fn drop_gaps(
     let in_range: i64 = sqlx::query_scalar(UNCLAIMED)
         .bind(latest)
         .bind(excluded)
+        .bind(partitions)
+        .bind(lane.count)
+        .bind(lane.index)
         .fetch_one(&mut **tx)
         .await
         .map_err(db_error)?;
@@ -922,16 +1106,18 @@ impl Drop for AbortOnDrop {
 }
 
 /// Forwards `outbox_events` notifications to `wake`, reconnecting on error.
-async fn listen(pool: PgPool, wake: Arc<Notify>, retry: Duration) {
+async fn listen(pool: PgPool, wake: watch::Sender<()>, retry: Duration) {
     loop {
         match PgListener::connect_with(&pool).await {
             Ok(mut listener) => match listener.listen(NOTIFY_CHANNEL).await {
                 Ok(()) => {
                     // Rows committed while not listening were not announced.
-                    wake.notify_one();
+                    wake.send_replace(());
                     loop {
                         match listener.try_recv().await {
-                            Ok(_) => wake.notify_one(),
+                            Ok(_) => {
+                                wake.send_replace(());
+                            }
                             Err(e) => {
                                 tracing::warn!(error = %e, "outbox relay lost its LISTEN connection; polling until it is back");
                                 break;

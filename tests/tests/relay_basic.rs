@@ -193,12 +193,16 @@ async fn the_running_relay_wakes_on_commit_and_stops_on_shutdown() {
     stop.send(()).unwrap();
     let relay = running.await.unwrap();
     assert_eq!(relay.stats().published, 3);
-    let got: Vec<Uuid> = ctx
+    // three subjects: order across them is not promised (the relay's lanes publish them
+    // side by side), so compare the sets
+    let mut got: Vec<Uuid> = ctx
         .read_stream()
         .await
         .iter()
         .map(|m| m.envelope.id)
         .collect();
+    got.sort();
+    ids.sort();
     assert_eq!(got, ids);
     ctx.delete_stream().await;
 }
@@ -405,12 +409,43 @@ async fn an_unworkable_configuration_is_refused() {
             partitions: 0,
             ..Default::default()
         },
+        RelayConfig {
+            lanes: 0,
+            ..Default::default()
+        },
+        RelayConfig {
+            lanes: 8,
+            partitions: 4,
+            ..Default::default()
+        },
     ] {
         let err = Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{err:?}");
     }
+    // a pool too small for the lanes and the listener would wait forever for a connection
+    let small = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(ctx.db.options.clone())
+        .await
+        .unwrap();
+    let err = Relay::new(
+        small,
+        ctx.js.clone(),
+        RelayConfig {
+            lanes: 2,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("allows 2 connections, and a relay with 2 lanes needs at least 3"),
+        "{err}"
+    );
     let err = StreamSpec {
         name: "bad.name".into(),
         subjects: vec!["x.y".into()],

@@ -1,5 +1,6 @@
-//! Four relays on one table: every committed event reaches the stream once, and each subject's
-//! events arrive in created_at order.
+//! Several relays, and several lanes of one relay, on one table: every committed event reaches
+//! the stream once, each subject's events arrive in created_at order, and a relay that finds
+//! every row held by another transaction claims again soon.
 
 mod common;
 
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{eventually, open_schemas, Ctx};
+use outbox_runtime::relay::LOCK_NAMESPACE;
 use outbox_runtime::{EmitExt, RawEvent, Relay, RelayConfig, Schemas};
 use serde_json::json;
 use sqlx::PgPool;
@@ -137,10 +139,17 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
         "the relays shared the work: {published_by:?}"
     );
 
+    assert_stream_matches(&ctx, &expected, EVENTS).await;
+    ctx.delete_stream().await;
+}
+
+/// The stream holds each expected event once, every subject's in the expected (created_at)
+/// order; on a mismatch, what the table and the stream say about the first such subject.
+async fn assert_stream_matches(ctx: &Ctx, expected: &HashMap<String, Vec<Uuid>>, events: usize) {
     let messages = ctx.read_stream().await;
-    assert_eq!(messages.len(), EVENTS, "one message per committed event");
+    assert_eq!(messages.len(), events, "one message per committed event");
     let distinct: HashSet<Uuid> = messages.iter().map(|m| m.envelope.id).collect();
-    assert_eq!(distinct.len(), EVENTS, "no event stored twice");
+    assert_eq!(distinct.len(), events, "no event stored twice");
     let mut seen: HashMap<String, Vec<Uuid>> = HashMap::new();
     for m in &messages {
         assert_eq!(m.msg_id, m.envelope.id.to_string());
@@ -148,7 +157,7 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
             .or_default()
             .push(m.envelope.id);
     }
-    assert_eq!(seen.len(), SUBJECTS as usize);
+    assert_eq!(seen.len(), expected.len());
     let out_of_order: Vec<&String> = expected
         .iter()
         .filter(|(subject, ids)| seen.get(*subject) != Some(ids))
@@ -185,5 +194,145 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
             detail.join("\n")
         );
     }
+}
+
+/// Per backend holding relay partition locks in the test's database: the residues of its
+/// partitions modulo `lanes`.
+async fn partitions_held(ctx: &Ctx, lanes: usize) -> Vec<(i32, Vec<i64>)> {
+    sqlx::query_as(
+        "select pid, array_agg(distinct objid::int8 % $2 order by objid::int8 % $2) from pg_locks \
+          where locktype = 'advisory' and classid = $1::int8::oid and objsubid = 2 \
+            and database = (select oid from pg_database where datname = current_database()) \
+          group by pid",
+    )
+    .bind(i64::from(LOCK_NAMESPACE))
+    .bind(lanes as i64)
+    .fetch_all(ctx.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order() {
+    const LANES: usize = 4;
+    const BACKLOG: usize = 12_000;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let types = [ctx.event_type("billing.subscription.created")];
+    let schemas = open_schemas(&types);
+    let mut expected: HashMap<String, Vec<Uuid>> = HashMap::new();
+    emit(ctx.pool(), &schemas, &types, 0..BACKLOG, &mut expected).await;
+    let config = RelayConfig {
+        subjects: types.to_vec(),
+        lanes: LANES,
+        ..Default::default()
+    };
+    let partitions = i64::from(config.partitions);
+    let relay = Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
+        .await
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        relay
+    });
+
+    // While the backlog drains, every open batch (one backend each) holds advisory locks only
+    // on partitions of its own lane: one residue of `partition % LANES` per backend.
+    let mut samples_with_two_lanes = 0;
+    while ctx.db.unpublished().await > 0 {
+        let held = partitions_held(&ctx, LANES).await;
+        for (pid, residues) in &held {
+            assert_eq!(
+                residues.len(),
+                1,
+                "backend {pid} holds partitions of several lanes (residues mod {LANES}: {residues:?})"
+            );
+            assert!(residues[0] < partitions);
+        }
+        if held.len() >= 2 {
+            samples_with_two_lanes += 1;
+        }
+    }
+    stop.send(()).unwrap();
+    let relay = running.await.unwrap();
+    assert_eq!(relay.stats().published, BACKLOG as u64);
+    assert!(
+        samples_with_two_lanes > 0,
+        "no sample saw two lanes with open batches at once"
+    );
+    assert_stream_matches(&ctx, &expected, BACKLOG).await;
+    ctx.delete_stream().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_that_finds_every_row_held_claims_again_soon_and_then_runs_one_lane() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let types = [ctx.event_type("billing.subscription.created")];
+    let schemas = open_schemas(&types);
+    let mut expected: HashMap<String, Vec<Uuid>> = HashMap::new();
+    emit(ctx.pool(), &schemas, &types, 0..20, &mut expected).await;
+    // Another transaction (as another relay's batch would) holds every row.
+    let mut holder = ctx.pool().begin().await.unwrap();
+    sqlx::query("select 1 from outbox_events for update")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    // No notification and no poll during the test: only the contention retry can find the
+    // rows once they are free.
+    let config = RelayConfig {
+        subjects: types.to_vec(),
+        poll_interval: Duration::from_secs(3600),
+        lanes: 2,
+        ..Default::default()
+    };
+    let relay = Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
+        .await
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        relay
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ctx.db.unpublished().await, 20, "the rows are held");
+    holder.rollback().await.unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "the relay publishes the released rows without a notification",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+
+    // Rows held by another transaction look like another relay on the table: for a while the
+    // relay runs one lane on every partition, so at most one of its batches is open at a time
+    // and that batch holds partitions of both residues.
+    emit(ctx.pool(), &schemas, &types, 20..6_020, &mut expected).await;
+    let mut samples_with_both_residues = 0;
+    while ctx.db.unpublished().await > 0 {
+        let held = partitions_held(&ctx, 2).await;
+        assert!(held.len() <= 1, "two open batches while sharing: {held:?}");
+        if held.iter().any(|(_, residues)| residues.len() == 2) {
+            samples_with_both_residues += 1;
+        }
+    }
+    assert!(
+        samples_with_both_residues > 0,
+        "no batch took partitions of both lanes"
+    );
+    stop.send(()).unwrap();
+    assert_eq!(running.await.unwrap().stats().published, 6_020);
+    assert_stream_matches(&ctx, &expected, 6_020).await;
     ctx.delete_stream().await;
 }
