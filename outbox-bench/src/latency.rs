@@ -86,6 +86,7 @@ async fn bench(quick: bool) {
         jetstream::new(relay_client),
         RelayConfig {
             subjects: vec![event_type.clone()],
+            lanes: common::option("lanes").map_or(RelayConfig::default().lanes, |l| l as usize),
             ..Default::default()
         },
     )

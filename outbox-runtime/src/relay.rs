@@ -913,6 +913,7 @@ impl Relay {
         let mut contended = 0u32;
         loop {
             let mut pause = None;
+            let mut woken_by_commit = false;
             let mut again = false;
             let mut this_lane = lane;
             if lane.count > 1 {
@@ -943,6 +944,9 @@ impl Relay {
                         self.share_for(SHARING_HOLD);
                         let wait = CONTENDED_RETRY * (1 << contended.min(16));
                         pause = Some(wait.min(self.config.poll_interval));
+                        // rows found may also be new ones, committed since the claim: their
+                        // notification ends the pause
+                        woken_by_commit = true;
                         contended += 1;
                     }
                     Ok(false) => {}
@@ -977,7 +981,7 @@ impl Relay {
             tokio::select! {
                 _ = stop.changed() => return,
                 _ = sleep_until(until) => {}
-                _ = wake.changed(), if pause.is_none() => {}
+                _ = wake.changed(), if pause.is_none() || woken_by_commit => {}
             }
         }
     }
