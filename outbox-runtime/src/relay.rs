@@ -41,8 +41,9 @@
 //! to one lane. Lanes of different relays would compete for the same rows, and a claim that
 //! finds the rows it wants held by another transaction scans the backlog for nothing: so a
 //! relay that finds another relay's locks (a batch that published nothing while rows were
-//! waiting under other transactions' locks) runs one lane on every partition for the next 30 s,
-//! its other lanes resting, and splits again when that time passes without such a find.
+//! waiting under other transactions' locks, and no commit announced since its last wait) runs
+//! one lane on every partition for the next 10 s, its other lanes resting, and splits again
+//! when that time passes without such a find.
 //! [`Relay::claim`] and [`Relay::run_once`] claim from every partition.
 //!
 //! # Order
@@ -93,10 +94,12 @@
 //! Every emit notifies the channel [`NOTIFY_CHANNEL`] when its transaction commits. The relay
 //! listens on it (`LISTEN`), and after a batch that published anything claims again at once
 //! (one empty claim ends a drained backlog). After a batch that published nothing, it checks
-//! whether rows are waiting that other transactions hold (another relay's batch: its row locks,
-//! its partitions' advisory locks, or an older row of a claimed subject). If so it claims again
-//! after 10 ms, doubling while that lasts up to the poll interval, since another relay's commit
-//! sends no notification. Otherwise it waits for a notification, the fallback poll
+//! whether rows are waiting that it could not take. If a commit was announced meanwhile, they
+//! may be new rows, and it claims again at once. If not, other transactions hold them (another
+//! relay's batch: its row locks, its partitions' advisory locks, or an older row of a claimed
+//! subject), and it claims again after 10 ms, doubling while that lasts up to the poll
+//! interval (another relay's commit sends no notification; an emit's commit ends the wait).
+//! Otherwise it waits for a notification, the fallback poll
 //! ([`RelayConfig::poll_interval`]), the earliest subject retry, a loop backoff, or shutdown. A
 //! lost listener connection is re-established (the relay claims once after each reconnect,
 //! since notifications may have been missed), and the poll keeps rows moving meanwhile.
@@ -221,7 +224,7 @@ select 1
 /// How long a relay with several lanes runs one lane only after it last found rows held by
 /// another transaction (another relay): lanes of several relays compete for the same rows, and
 /// a claim that finds its rows held scans the whole backlog for nothing.
-const SHARING_HOLD: Duration = Duration::from_secs(30);
+const SHARING_HOLD: Duration = Duration::from_secs(10);
 
 /// How soon a relay claims again after a batch in which other transactions held every row it
 /// could have published ([`Relay::contended`]).
@@ -940,11 +943,17 @@ impl Relay {
                     pause = Some(self.config.backoff(loop_failures));
                 }
                 Ok(_) => match self.contended(this_lane).await {
+                    Ok(true) if wake.has_changed().unwrap_or(false) => {
+                        // a commit was announced since the last wait: the rows found may be
+                        // new ones rather than another relay's; claim again for them
+                        wake.borrow_and_update();
+                        again = true;
+                    }
                     Ok(true) => {
                         self.share_for(SHARING_HOLD);
                         let wait = CONTENDED_RETRY * (1 << contended.min(16));
                         pause = Some(wait.min(self.config.poll_interval));
-                        // rows found may also be new ones, committed since the claim: their
+                        // a row committed just now may not be announced yet: its
                         // notification ends the pause
                         woken_by_commit = true;
                         contended += 1;
