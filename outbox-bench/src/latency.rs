@@ -81,14 +81,15 @@ async fn bench(quick: bool) {
 
     // the relay
     let relay_client = common::connect_nats().await;
+    let config = RelayConfig {
+        subjects: vec![event_type.clone()],
+        lanes: common::option("lanes").map_or(RelayConfig::default().lanes, |l| l as usize),
+        ..Default::default()
+    };
     let relay = Relay::new(
-        db.pool(4).await,
+        db.pool(config.lanes as u32 + 2).await,
         jetstream::new(relay_client),
-        RelayConfig {
-            subjects: vec![event_type.clone()],
-            lanes: common::option("lanes").map_or(RelayConfig::default().lanes, |l| l as usize),
-            ..Default::default()
-        },
+        config,
     )
     .await
     .expect("start the relay");

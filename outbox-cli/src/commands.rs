@@ -517,6 +517,7 @@ async fn relay(args: RelayArgs) -> Result<ExitCode> {
         tracing::info!(%addr, "serving Prometheus metrics");
     }
     let signal = shutdown_signal();
+    config.validate()?;
     // a connection per lane, one for LISTEN, one for the gauges and the progress line
     let pool = connect::pool(&args.db, config.lanes as u32 + 2).await?;
     let js = connect::jetstream(&args.nats).await?;

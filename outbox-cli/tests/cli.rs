@@ -1108,16 +1108,14 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
         out.stderr
     );
 
-    // three events, relayed
+    // three events of one subject, relayed: they reach the stream in emit order (order across
+    // subjects is not promised)
     let schemas = common::open_schemas(std::slice::from_ref(&event_type));
     let mut ids = Vec::new();
     for n in 0..3 {
-        let id = common::emit_committed(
-            ctx.pool(),
-            &schemas,
-            cli_event(&event_type, &format!("account-{n}"), n),
-        )
-        .await;
+        let id =
+            common::emit_committed(ctx.pool(), &schemas, cli_event(&event_type, "account-1", n))
+                .await;
         ids.push(id);
     }
     let mut relay = Running::spawn(&[
@@ -1159,12 +1157,12 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
         "one header line per event:\n{}",
         out.stdout
     );
-    for (n, (line, id)) in headers.iter().zip(&ids).enumerate() {
+    for (line, id) in headers.iter().zip(&ids) {
         for part in [
             event_type.clone(),
             format!("id={id}"),
             "source=cli-test".to_owned(),
-            format!("subject=account-{n}"),
+            "subject=account-1".to_owned(),
         ] {
             assert!(line.contains(&part), "`{part}` missing from {line:?}");
         }

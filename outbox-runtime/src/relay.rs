@@ -39,11 +39,14 @@
 //! partitions (`partition % lanes == lane`, tested before the partition's advisory lock is
 //! taken), so the lanes of one relay never compete for a row or a lock and each subject belongs
 //! to one lane. Lanes of different relays would compete for the same rows, and a claim that
-//! finds the rows it wants held by another transaction scans the backlog for nothing: so a
-//! relay that finds another relay's locks (a batch that published nothing while rows were
-//! waiting under other transactions' locks, and no commit announced since its last wait) runs
-//! one lane on every partition for the next 10 s, its other lanes resting, and splits again
-//! when that time passes without such a find.
+//! finds the rows it wants held by another transaction scans the backlog for nothing. So a
+//! relay that meets another transaction's locks (a batch that published nothing while rows
+//! emitted before it were waiting, and no commit was announced during it) runs one lane on
+//! every partition for the next 10 s, its other lanes resting (an all-partition batch never
+//! runs beside one of its own lane batches), and splits again when that time passes without
+//! such a find. A lane whose share has no rows reads past the other lanes' rows to find that
+//! out: with a backlog concentrated on a few subjects, and commits waking the idle lanes,
+//! `lanes: 1` avoids that reading.
 //! [`Relay::claim`] and [`Relay::run_once`] claim from every partition.
 //!
 //! # Order
@@ -206,20 +209,26 @@ select id, event_type, source, subject, time, data, created_at, attempts, ctid
  limit $1
    for update skip locked";
 
-/// Whether any row is claimable but for the locks of other transactions: [`CLAIM`] without
-/// its locks and its order, for one lane.
-const CONTENDED: &str = "\
-select exists (
+/// Whether a row of one lane is waiting that the batch's claim did not take: [`CLAIM`] without
+/// its locks, for rows emitted before the batch began (`now()` is the transaction's start, on
+/// the database's clock), in `created_at` order so that the unpublished index answers it
+/// whatever the statistics say. It runs inside the batch (after an empty claim, or a claim
+/// whose rows were all cut), so the batch's own cut rows count too: they wait behind a row
+/// another transaction holds.
+const WAITING: &str = "\
 select 1
   from outbox_events
  where published_at is null
+   and created_at < now()
    and attempts < $1
    and subject <> all($2)
    and subject not in (select h.subject from outbox_events h
                         where h.published_at is null
                           and h.attempts > 0
                           and h.attempts >= $1)
-   and (hashtext(subject) & 2147483647) % $3 % $4 = $5)";
+   and (hashtext(subject) & 2147483647) % $3 % $4 = $5
+ order by created_at
+ limit 1";
 
 /// How long a relay with several lanes runs one lane only after it last found rows held by
 /// another transaction (another relay): lanes of several relays compete for the same rows, and
@@ -231,7 +240,8 @@ const SHARING_HOLD: Duration = Duration::from_secs(10);
 const CONTENDED_RETRY: Duration = Duration::from_millis(10);
 
 /// The check before [`GAPS`]: the unpublished rows up to the claim's newest, outside the
-/// subjects this relay backs off (`$2`, the list the claim excluded). The claimed rows are among
+/// subjects this relay backs off (`$2`, the list the claim excluded), in the claim's lane
+/// (`$3`-`$5`: partitions, lanes, lane; a subject's rows are all in one lane). The claimed rows are among
 /// them, locked by this transaction; when they are all of them, no claimed subject can have a
 /// hole and the gap query is not run. One range of the unpublished index, without the joins:
 /// about a third of the gap query's time in the `relay` bench, where a lone relay's claims have
@@ -316,7 +326,8 @@ pub struct RelayConfig {
     /// (claim, mark, commit) overlaps another's publishing. Lanes of one relay never compete
     /// for a row; while another relay works on the table, the relay runs one lane only (see
     /// the [module docs](self), *Lanes*). The pool must allow `lanes + 1` connections (one per
-    /// lane and one for `LISTEN`). Default 2: on a two-core machine that also runs Postgres
+    /// lane and one for `LISTEN`). Between 1 and 64, and at most
+    /// [`partitions`](Self::partitions). Default 2: on a two-core machine that also runs Postgres
     /// and NATS, one relay drains a backlog about 15-25% faster than with one lane, and three
     /// or four lanes add nothing there (see the README's performance section).
     pub lanes: usize,
@@ -531,6 +542,8 @@ pub struct Relay {
     counters: Counters,
     /// Until when this relay shares the table with another relay and runs one lane only.
     sharing_until: Mutex<Option<Instant>>,
+    /// Read by each lane batch, written by an all-partition batch of [`Relay::run`].
+    lane_gate: tokio::sync::RwLock<()>,
 }
 
 impl fmt::Debug for Relay {
@@ -711,6 +724,7 @@ impl Relay {
             backoffs: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             sharing_until: Mutex::new(None),
+            lane_gate: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -860,7 +874,12 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn run_once(&self) -> Result<BatchReport> {
-        self.run_lane_once(Lane::ALL).await
+        let mut claim = self.claim().await?;
+        if claim.is_empty() {
+            return claim.release().await;
+        }
+        claim.publish().await;
+        claim.commit().await
     }
 
     /// Runs batches, in [`RelayConfig::lanes`] loops at once, until `shutdown` completes, then
@@ -916,7 +935,7 @@ impl Relay {
         let mut contended = 0u32;
         loop {
             let mut pause = None;
-            let mut woken_by_commit = false;
+            let mut end_pause_on_commit = false;
             let mut again = false;
             let mut this_lane = lane;
             if lane.count > 1 {
@@ -932,42 +951,45 @@ impl Relay {
                     this_lane = Lane::ALL;
                 }
             }
-            match self.run_lane_once(this_lane).await {
-                Ok(r) if r.published > 0 => {
+            // Commits announced before this claim are covered by it: only later ones count.
+            wake.borrow_and_update();
+            let outcome = {
+                // An all-partition batch never overlaps this relay's own lane batches, whose
+                // rows it would take for another relay's.
+                let _gate = if lane.count > 1 && this_lane.count == 1 {
+                    Gate::Alone(self.lane_gate.write().await)
+                } else {
+                    Gate::Shared(self.lane_gate.read().await)
+                };
+                self.run_lane_once(this_lane).await
+            };
+            match outcome {
+                Ok((r, _)) if r.published > 0 => {
                     loop_failures = 0;
                     contended = 0;
                     again = true;
                 }
-                Ok(r) if r.failed > 0 => {
-                    loop_failures += 1;
+                Ok((r, _)) if r.failed > 0 => {
+                    loop_failures = loop_failures.saturating_add(1);
                     pause = Some(self.config.backoff(loop_failures));
                 }
-                Ok(_) => match self.contended(this_lane).await {
-                    Ok(true) if wake.has_changed().unwrap_or(false) => {
-                        // a commit was announced since the last wait: the rows found may be
-                        // new ones rather than another relay's; claim again for them
-                        wake.borrow_and_update();
-                        again = true;
-                    }
-                    Ok(true) => {
-                        self.share_for(SHARING_HOLD);
-                        let wait = CONTENDED_RETRY * (1 << contended.min(16));
-                        pause = Some(wait.min(self.config.poll_interval));
-                        // a row committed just now may not be announced yet: its
-                        // notification ends the pause
-                        woken_by_commit = true;
-                        contended += 1;
-                    }
-                    Ok(false) => {}
-                    Err(e) => {
-                        loop_failures += 1;
-                        let wait = self.config.backoff(loop_failures);
-                        tracing::warn!(error = %e, retry_in = ?wait, "outbox relay batch failed");
-                        pause = Some(wait);
-                    }
-                },
+                Ok((_, Waiting::Elsewhere)) if wake.has_changed().unwrap_or(false) => {
+                    // a commit was announced during the batch: the waiting rows may be its own
+                    wake.borrow_and_update();
+                    again = true;
+                }
+                Ok((_, Waiting::Elsewhere)) => {
+                    self.share_for(SHARING_HOLD);
+                    let wait = CONTENDED_RETRY.saturating_mul(1 << contended.min(16));
+                    pause = Some(wait.min(self.config.poll_interval));
+                    // a row committed just now may not be announced yet: its notification
+                    // ends the pause
+                    end_pause_on_commit = true;
+                    contended = contended.saturating_add(1);
+                }
+                Ok((_, Waiting::Nothing)) => contended = 0,
                 Err(e) => {
-                    loop_failures += 1;
+                    loop_failures = loop_failures.saturating_add(1);
                     let wait = self.config.backoff(loop_failures);
                     tracing::warn!(error = %e, retry_in = ?wait, "outbox relay batch failed");
                     pause = Some(wait);
@@ -990,26 +1012,9 @@ impl Relay {
             tokio::select! {
                 _ = stop.changed() => return,
                 _ = sleep_until(until) => {}
-                _ = wake.changed(), if pause.is_none() || woken_by_commit => {}
+                _ = wake.changed(), if pause.is_none() || end_pause_on_commit => {}
             }
         }
-    }
-
-    /// Whether `lane` has rows this relay could publish but another transaction holds (their
-    /// row locks, their partitions' advisory locks, or an older row of their subject): checked
-    /// after a batch that published nothing, so that a relay that lost every row of a claim to
-    /// other relays claims again shortly instead of waiting for a notification (their commits
-    /// send none) or the fallback poll.
-    async fn contended(&self, lane: Lane) -> Result<bool> {
-        sqlx::query_scalar(CONTENDED)
-            .bind(self.config.max_attempts)
-            .bind(self.excluded_subjects())
-            .bind(self.config.partitions)
-            .bind(lane.count)
-            .bind(lane.index)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(db_error)
     }
 
     /// When another relay's locks were last seen plus [`SHARING_HOLD`], if that is still ahead.
@@ -1022,14 +1027,38 @@ impl Relay {
         *self.sharing_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + hold);
     }
 
-    async fn run_lane_once(&self, lane: Lane) -> Result<BatchReport> {
+    /// One batch on `lane`, and for a batch that published nothing and failed nothing, whether
+    /// rows it could not take are waiting (see [`WAITING`]).
+    async fn run_lane_once(&self, lane: Lane) -> Result<(BatchReport, Waiting)> {
         let mut claim = self.claim_lane(lane).await?;
         if claim.is_empty() {
-            return claim.release().await;
+            let waiting = claim.waiting(lane).await?;
+            return Ok((claim.release().await?, waiting));
         }
-        claim.publish().await;
-        claim.commit().await
+        let report = claim.publish().await;
+        let waiting = if report.published == 0 && report.failed == 0 {
+            claim.waiting(lane).await?
+        } else {
+            Waiting::Nothing
+        };
+        Ok((claim.commit().await?, waiting))
     }
+}
+
+/// Whether rows a batch could not take are waiting ([`WAITING`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// No unpublished row of the lane is claimable but for other transactions' locks.
+    Nothing,
+    /// Some are: held by another transaction (row lock, partition lock, or an older row of
+    /// their subject), or committed after the claim's snapshot.
+    Elsewhere,
+}
+
+/// A lane batch's share of `Relay::lane_gate`, or an all-partition batch's exclusive hold.
+enum Gate<'a> {
+    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
+    Alone(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
 }
 
 /// Cuts each subject's claimed rows at the first hole (see [`GAPS`], run when [`UNCLAIMED`]
@@ -1280,6 +1309,23 @@ impl fmt::Display for Failure {
 }
 
 impl Claim<'_> {
+    /// [`WAITING`], in this batch's transaction (and with its settings).
+    async fn waiting(&mut self, lane: Lane) -> Result<Waiting> {
+        let found: Option<i32> = sqlx::query_scalar(WAITING)
+            .bind(self.relay.config.max_attempts)
+            .bind(self.relay.excluded_subjects())
+            .bind(self.relay.config.partitions)
+            .bind(lane.count)
+            .bind(lane.index)
+            .fetch_optional(&mut *self.tx)
+            .await
+            .map_err(db_error)?;
+        Ok(match found {
+            Some(_) => Waiting::Elsewhere,
+            None => Waiting::Nothing,
+        })
+    }
+
     /// Number of rows claimed.
     pub fn len(&self) -> usize {
         self.rows.len()
