@@ -345,6 +345,11 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// `--lanes=N`, or the relay's default lane count.
+pub fn lanes() -> usize {
+    option("lanes").map_or(outbox_runtime::RelayConfig::default().lanes, |l| l as usize)
+}
+
 /// The value of `--<name>=<n>`, if given.
 pub fn option(name: &str) -> Option<u64> {
     let prefix = format!("--{name}=");

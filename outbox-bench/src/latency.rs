@@ -83,11 +83,11 @@ async fn bench(quick: bool) {
     let relay_client = common::connect_nats().await;
     let config = RelayConfig {
         subjects: vec![event_type.clone()],
-        lanes: common::option("lanes").map_or(RelayConfig::default().lanes, |l| l as usize),
+        lanes: common::lanes(),
         ..Default::default()
     };
     let relay = Relay::new(
-        db.pool(config.lanes as u32 + 2).await,
+        db.pool(config.pool_size()).await,
         jetstream::new(relay_client),
         config,
     )

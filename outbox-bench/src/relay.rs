@@ -43,16 +43,12 @@ fn batch_size() -> usize {
     common::option("batch").map_or(RelayConfig::default().batch_size, |b| b as usize)
 }
 
-fn lanes() -> usize {
-    common::option("lanes").map_or(RelayConfig::default().lanes, |l| l as usize)
-}
-
 /// The relays' configuration: defaults but for `--batch` and `--lanes`.
 fn relay_config(stream: &BenchStream) -> RelayConfig {
     RelayConfig {
         subjects: stream.event_types(),
         batch_size: batch_size(),
-        lanes: lanes(),
+        lanes: common::lanes(),
         ..Default::default()
     }
 }
@@ -74,7 +70,7 @@ async fn bench(quick: bool) {
     println!(
         "backlog {events} events, {SUBJECTS} subjects, relay batch {}, {} lanes per relay, raw window {}, {rounds} rounds, stream {} (file storage)",
         batch_size(),
-        lanes(),
+        common::lanes(),
         window(),
         stream.name
     );
@@ -199,7 +195,7 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
     for _ in 0..relays {
         let client = common::connect_nats().await;
         let config = relay_config(stream);
-        let pool = db.pool(config.lanes as u32 + 2).await;
+        let pool = db.pool(config.pool_size()).await;
         let relay = Relay::new(pool, jetstream::new(client), config)
             .await
             .expect("start a relay");
@@ -261,7 +257,7 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
 async fn steps(db: &BenchDb, stream: &BenchStream) {
     // one batch at a time: `claim` takes every partition, whatever the lanes
     let config = relay_config(stream);
-    let pool = db.pool(config.lanes as u32 + 2).await;
+    let pool = db.pool(config.pool_size()).await;
     let relay = Relay::new(pool, jetstream::new(common::connect_nats().await), config)
         .await
         .expect("start a relay");

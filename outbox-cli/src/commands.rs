@@ -518,8 +518,7 @@ async fn relay(args: RelayArgs) -> Result<ExitCode> {
     }
     let signal = shutdown_signal();
     config.validate()?;
-    // a connection per lane, one for LISTEN, one for the gauges and the progress line
-    let pool = connect::pool(&args.db, config.lanes as u32 + 2).await?;
+    let pool = connect::pool(&args.db, config.pool_size()).await?;
     let js = connect::jetstream(&args.nats).await?;
     let relay = outbox_runtime::Relay::new(pool.clone(), js, config).await?;
     let shutdown = async {

@@ -236,7 +236,7 @@ select 1
 const SHARING_HOLD: Duration = Duration::from_secs(10);
 
 /// How soon a relay claims again after a batch in which other transactions held every row it
-/// could have published ([`Relay::contended`]).
+/// could have published ([`WAITING`]).
 const CONTENDED_RETRY: Duration = Duration::from_millis(10);
 
 /// The check before [`GAPS`]: the unpublished rows up to the claim's newest, outside the
@@ -400,6 +400,18 @@ impl RelayConfig {
             .checked_mul(factor)
             .unwrap_or(self.backoff_max)
             .min(self.backoff_max)
+    }
+
+    /// The connections a relay's pool should allow: one per lane, one for `LISTEN` and one for
+    /// the backlog gauges. [`Relay::connect`] opens a pool of this size; [`Relay::new`] refuses
+    /// a pool of fewer than `lanes + 1`.
+    ///
+    /// ```
+    /// let config = outbox_runtime::RelayConfig { lanes: 2, ..Default::default() };
+    /// assert_eq!(config.pool_size(), 4);
+    /// ```
+    pub fn pool_size(&self) -> u32 {
+        u32::try_from(self.lanes).map_or(u32::MAX, |l| l.saturating_add(2))
     }
 
     /// The longest time between two attempts at one row: `backoff_max + ack_timeout`. A
@@ -598,8 +610,7 @@ impl Relay {
     pub async fn connect(database_url: &str, nats_url: &str, config: RelayConfig) -> Result<Relay> {
         config.validate()?;
         let pool = PgPoolOptions::new()
-            // a connection per lane, one for LISTEN, one for the gauges and the checks
-            .max_connections(config.lanes as u32 + 2)
+            .max_connections(config.pool_size())
             .acquire_timeout(config.ack_timeout.max(Duration::from_secs(5)))
             .connect(database_url)
             .await
@@ -837,6 +848,8 @@ impl Relay {
                     ..BatchReport::default()
                 },
                 published: false,
+                lane,
+                excluded,
             })
         }
         .instrument(span)
@@ -953,14 +966,13 @@ impl Relay {
             }
             // Commits announced before this claim are covered by it: only later ones count.
             wake.borrow_and_update();
-            let outcome = {
-                // An all-partition batch never overlaps this relay's own lane batches, whose
-                // rows it would take for another relay's.
-                let _gate = if lane.count > 1 && this_lane.count == 1 {
-                    Gate::Alone(self.lane_gate.write().await)
-                } else {
-                    Gate::Shared(self.lane_gate.read().await)
-                };
+            // An all-partition batch never overlaps this relay's own lane batches, whose rows
+            // it would take for another relay's.
+            let outcome = if lane.count > 1 && this_lane.count == 1 {
+                let _alone = self.lane_gate.write().await;
+                self.run_lane_once(this_lane).await
+            } else {
+                let _shared = self.lane_gate.read().await;
                 self.run_lane_once(this_lane).await
             };
             match outcome {
@@ -979,7 +991,7 @@ impl Relay {
                     again = true;
                 }
                 Ok((_, Waiting::Elsewhere)) => {
-                    self.share_for(SHARING_HOLD);
+                    self.share();
                     let wait = CONTENDED_RETRY.saturating_mul(1 << contended.min(16));
                     pause = Some(wait.min(self.config.poll_interval));
                     // a row committed just now may not be announced yet: its notification
@@ -1023,8 +1035,10 @@ impl Relay {
         until.filter(|t| *t > Instant::now())
     }
 
-    fn share_for(&self, hold: Duration) {
-        *self.sharing_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + hold);
+    /// Runs one lane for the next [`SHARING_HOLD`].
+    fn share(&self) {
+        *self.sharing_until.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Instant::now() + SHARING_HOLD);
     }
 
     /// One batch on `lane`, and for a batch that published nothing and failed nothing, whether
@@ -1032,12 +1046,12 @@ impl Relay {
     async fn run_lane_once(&self, lane: Lane) -> Result<(BatchReport, Waiting)> {
         let mut claim = self.claim_lane(lane).await?;
         if claim.is_empty() {
-            let waiting = claim.waiting(lane).await?;
+            let waiting = claim.waiting().await?;
             return Ok((claim.release().await?, waiting));
         }
         let report = claim.publish().await;
         let waiting = if report.published == 0 && report.failed == 0 {
-            claim.waiting(lane).await?
+            claim.waiting().await?
         } else {
             Waiting::Nothing
         };
@@ -1053,12 +1067,6 @@ enum Waiting {
     /// Some are: held by another transaction (row lock, partition lock, or an older row of
     /// their subject), or committed after the claim's snapshot.
     Elsewhere,
-}
-
-/// A lane batch's share of `Relay::lane_gate`, or an all-partition batch's exclusive hold.
-enum Gate<'a> {
-    Shared(#[allow(dead_code)] tokio::sync::RwLockReadGuard<'a, ()>),
-    Alone(#[allow(dead_code)] tokio::sync::RwLockWriteGuard<'a, ()>),
 }
 
 /// Cuts each subject's claimed rows at the first hole (see [`GAPS`], run when [`UNCLAIMED`]
@@ -1283,6 +1291,10 @@ pub struct Claim<'r> {
     failed: Vec<usize>,
     report: BatchReport,
     published: bool,
+    /// The partitions the claim took rows from.
+    lane: Lane,
+    /// The backed-off subjects the claim skipped.
+    excluded: Vec<String>,
 }
 
 impl fmt::Debug for Claim<'_> {
@@ -1310,13 +1322,13 @@ impl fmt::Display for Failure {
 
 impl Claim<'_> {
     /// [`WAITING`], in this batch's transaction (and with its settings).
-    async fn waiting(&mut self, lane: Lane) -> Result<Waiting> {
+    async fn waiting(&mut self) -> Result<Waiting> {
         let found: Option<i32> = sqlx::query_scalar(WAITING)
             .bind(self.relay.config.max_attempts)
-            .bind(self.relay.excluded_subjects())
+            .bind(&self.excluded)
             .bind(self.relay.config.partitions)
-            .bind(lane.count)
-            .bind(lane.index)
+            .bind(self.lane.count)
+            .bind(self.lane.index)
             .fetch_optional(&mut *self.tx)
             .await
             .map_err(db_error)?;

@@ -35,24 +35,6 @@ async fn emit(ctx: &Ctx, schemas: &Schemas, event_type: &str, subject: &str, n: 
     id
 }
 
-fn spawn_relay(
-    relay: Arc<Relay>,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        relay
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("the relay runs");
-    });
-    (stop, task)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_an_outage_then_a_capped_row_which_unblock_publishes_with_its_id() {
     let mut server = NatsServer::spawn().await;
@@ -80,7 +62,7 @@ async fn status_shows_an_outage_then_a_capped_row_which_unblock_publishes_with_i
             .await
             .expect("relay"),
     );
-    let (stop, task) = spawn_relay(relay.clone());
+    let (stop, task) = common::run_relay(relay.clone());
 
     let before = emit(&ctx, &schemas, &event_type, "a", 0).await;
     eventually(
@@ -227,7 +209,7 @@ async fn retention_under_load_prunes_spent_rows_and_never_an_unpublished_one() {
             .await
             .expect("relay"),
     );
-    let (stop, task) = spawn_relay(relay);
+    let (stop, task) = common::run_relay(relay);
     // Retention as aggressive as it can be: every published row is spent at once.
     let pruning = {
         let pool = ctx.pool().clone();

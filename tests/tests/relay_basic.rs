@@ -147,17 +147,9 @@ async fn the_running_relay_wakes_on_commit_and_stops_on_shutdown() {
     )
     .await
     .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let pool = ctx.pool().clone();
-    let running = tokio::spawn(async move {
-        relay
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        relay
-    });
+    let relay = std::sync::Arc::new(relay);
+    let (stop, running) = common::run_relay(relay.clone());
     // Let the relay reach its wait (first empty batch, LISTEN in place) before emitting.
     eventually(Duration::from_secs(10), "the relay listens", || async {
         sqlx::query_scalar::<_, i64>(
@@ -191,7 +183,7 @@ async fn the_running_relay_wakes_on_commit_and_stops_on_shutdown() {
     .await;
 
     stop.send(()).unwrap();
-    let relay = running.await.unwrap();
+    running.await.unwrap();
     assert_eq!(relay.stats().published, 3);
     // three subjects: order across them is not promised (the relay's lanes publish them
     // side by side), so compare the sets

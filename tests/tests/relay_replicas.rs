@@ -88,10 +88,9 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut relays = Vec::new();
     for _ in 0..RELAYS {
-        // a pool per relay, as in separate processes: one connection per lane, one for LISTEN
-        // and one for the gauges
+        // a pool per relay, as in separate processes
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(config.lanes as u32 + 2)
+            .max_connections(config.pool_size())
             .connect_with(ctx.db.options.clone())
             .await
             .unwrap();
@@ -237,16 +236,8 @@ async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order(
     let relay = Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
         .await
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        relay
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        relay
-    });
+    let relay = Arc::new(relay);
+    let (stop, running) = common::run_relay(relay.clone());
 
     // While the backlog drains, every open batch (one backend each) holds advisory locks only
     // on partitions of its own lane: one residue of `partition % LANES` per backend.
@@ -265,7 +256,7 @@ async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order(
         }
     }
     stop.send(()).unwrap();
-    let relay = running.await.unwrap();
+    running.await.unwrap();
     assert_eq!(relay.stats().published, BACKLOG as u64);
     assert!(
         samples_with_two_lanes > 0,
@@ -301,16 +292,8 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon_and_then_runs_one_l
     let relay = Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
         .await
         .unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        relay
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        relay
-    });
+    let relay = Arc::new(relay);
+    let (stop, running) = common::run_relay(relay.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         ctx.db.unpublished().await,
@@ -340,7 +323,8 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon_and_then_runs_one_l
         "no batch took partitions of both lanes"
     );
     stop.send(()).unwrap();
-    assert_eq!(running.await.unwrap().stats().published, BACKLOG as u64);
+    running.await.unwrap();
+    assert_eq!(relay.stats().published, BACKLOG as u64);
     assert_stream_matches(&ctx, &expected, BACKLOG).await;
     ctx.delete_stream().await;
 }

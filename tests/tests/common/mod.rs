@@ -289,6 +289,26 @@ pub async fn emit_committed(pool: &PgPool, schemas: &Schemas, event: RawEvent) -
     id
 }
 
+/// Runs `relay` in a task until the returned sender fires or is dropped; the task ends when the
+/// relay has stopped (its batches in progress committed).
+pub fn run_relay(
+    relay: std::sync::Arc<outbox_runtime::Relay>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        relay
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("the relay runs");
+    });
+    (stop, running)
+}
+
 /// `Schemas` with one permissive object schema per event type.
 pub fn open_schemas(event_types: &[String]) -> Schemas {
     const SCHEMA: &str = r#"{"type":"object"}"#;
