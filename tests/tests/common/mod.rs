@@ -342,6 +342,8 @@ pub struct NatsServer {
     child: Option<Child>,
     /// The port it listens on.
     pub port: u16,
+    name: String,
+    started_once: bool,
     store: tempfile::TempDir,
     binary: PathBuf,
     extra: Vec<String>,
@@ -361,6 +363,8 @@ impl NatsServer {
         let mut server = NatsServer {
             child: None,
             port: free_port(),
+            name: format!("outbox-test-{}", unique_token()),
+            started_once: false,
             store: tempfile::tempdir().expect("a temporary store"),
             binary,
             extra: extra.iter().map(|a| a.to_string()).collect(),
@@ -374,15 +378,44 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
-    /// Starts the server (again) and waits until it accepts connections.
+    /// Starts the server (again) and waits until it answers as itself.
+    ///
+    /// The port was free when it was chosen, but another test's server may take it in between,
+    /// so readiness is not "something accepts on the port": the server must greet with its own
+    /// name. On the first start a lost port is replaced by another; on a restart it is an error,
+    /// since the test needs the same address.
     pub async fn start(&mut self) {
         assert!(self.child.is_none(), "the server is already running");
+        let first_start = !self.started_once;
+        for _ in 0..5 {
+            match self.try_start().await {
+                Ok(()) => {
+                    self.started_once = true;
+                    return;
+                }
+                Err(why) if first_start => {
+                    self.stop();
+                    self.port = free_port();
+                    eprintln!("nats-server: {why}; trying port {}", self.port);
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+        panic!(
+            "nats-server did not start on any of five ports; its log: {}",
+            self.log_tail()
+        );
+    }
+
+    async fn try_start(&mut self) -> Result<(), String> {
+        let log = std::fs::File::create(self.log_path()).expect("create the server's log file");
         let child = Command::new(&self.binary)
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-n", &self.name])
+            .arg("-sd")
             .arg(self.store.path())
             .args(&self.extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
@@ -392,13 +425,40 @@ impl NatsServer {
             });
         self.child = Some(child);
         let addr = format!("127.0.0.1:{}", self.port);
+        let own_name = format!("\"server_name\":\"{}\"", self.name);
         for _ in 0..200 {
-            if tokio::net::TcpStream::connect(&addr).await.is_ok() {
-                return;
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                return Err(format!(
+                    "the server on {addr} exited ({status}): {}",
+                    self.log_tail()
+                ));
+            }
+            if let Some(greeting) = greeting(&addr).await {
+                if greeting.contains(&own_name) {
+                    return Ok(());
+                }
+                return Err(format!("another server answers on {addr}: {greeting}"));
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("nats-server did not listen on {addr} within 5 s");
+        Err(format!(
+            "nats-server did not answer on {addr} within 5 s: {}",
+            self.log_tail()
+        ))
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.store.path().join("server.log")
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
     }
 
     /// Kills the server (this child only, by its pid) and waits for it to exit.
@@ -414,6 +474,25 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The first line a NATS server sends on a new connection (its `INFO`), or `None` if nothing
+/// answers within half a second.
+async fn greeting(addr: &str) -> Option<String> {
+    use tokio::io::AsyncBufReadExt;
+    let read = async {
+        let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut line = String::new();
+        tokio::io::BufReader::new(stream)
+            .read_line(&mut line)
+            .await
+            .ok()?;
+        line.starts_with("INFO ").then_some(line)
+    };
+    tokio::time::timeout(Duration::from_millis(500), read)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// A private Postgres cluster (`initdb` + `pg_ctl` from `/usr/lib/postgresql/*/bin`) on a free
