@@ -105,12 +105,16 @@ impl<'a> EnvelopeRef<'a> {
         }
     }
 
-    /// The JSON body, in a buffer sized for it up front.
+    /// The JSON body, in a buffer sized for it up front: the keys, the fixed values, the id
+    /// and a time with nanoseconds take 185 bytes; the margin covers escapes in the strings.
     pub(crate) fn to_vec(&self) -> serde_json::Result<Vec<u8>> {
-        let fixed = 160 + self.event_type.len() + self.source.len() + self.subject.len();
-        let mut body = Vec::with_capacity(fixed + self.data.get().len());
+        let mut body = Vec::with_capacity(self.capacity());
         serde_json::to_writer(&mut body, self)?;
         Ok(body)
+    }
+
+    fn capacity(&self) -> usize {
+        256 + self.event_type.len() + self.source.len() + self.subject.len() + self.data.get().len()
     }
 }
 
@@ -139,6 +143,21 @@ mod tests {
         assert_eq!(
             String::from_utf8(borrowed).unwrap(),
             String::from_utf8(owned).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_body_fits_the_buffer_sized_for_it() {
+        let data = serde_json::value::RawValue::from_string(r#"{"a":1}"#.to_owned()).unwrap();
+        // a time with nanoseconds, the longest the envelope writes
+        let time = DateTime::from_timestamp(1_764_590_400, 123_456_789).unwrap();
+        let envelope = EnvelopeRef::new(Uuid::now_v7(), "t", "s", "x", time, &data);
+        let body = envelope.to_vec().unwrap();
+        assert!(String::from_utf8_lossy(&body).contains(".123456789Z"));
+        assert_eq!(
+            body.capacity(),
+            envelope.capacity(),
+            "the buffer never grew"
         );
     }
 }

@@ -133,7 +133,7 @@ use async_nats::connection::State;
 use async_nats::jetstream;
 use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::publish::PublishAck;
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, HeaderName};
 use chrono::{DateTime, Utc};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
@@ -1467,15 +1467,13 @@ impl Claim<'_> {
                         continue;
                     }
                 };
+                // Owned values move into the map; the names are constants.
                 let mut headers = HeaderMap::new();
+                headers.insert(async_nats::header::NATS_MESSAGE_ID, hyphenated(row.id));
+                headers.insert(CONTENT_TYPE_HEADER, CONTENT_TYPE);
                 headers.insert(
-                    async_nats::header::NATS_MESSAGE_ID,
-                    row.id.to_string().as_str(),
-                );
-                headers.insert("Content-Type", CONTENT_TYPE);
-                headers.insert(
-                    "traceparent",
-                    traceparent(trace_id, span_base.wrapping_add(i as u64 + 1)).as_str(),
+                    TRACEPARENT_HEADER,
+                    traceparent(trace_id, span_base.wrapping_add(i as u64 + 1)),
                 );
                 let send =
                     jetstream.publish_with_headers(row.event_type.clone(), headers, body.into());
@@ -1671,6 +1669,16 @@ fn record_metrics(
     if report.duplicates > 0 {
         metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
     }
+}
+
+const CONTENT_TYPE_HEADER: HeaderName = HeaderName::from_static("Content-Type");
+const TRACEPARENT_HEADER: HeaderName = HeaderName::from_static("traceparent");
+
+/// The id as the `Nats-Msg-Id` header's value: the hyphenated form, without going through
+/// `Display`.
+fn hyphenated(id: Uuid) -> String {
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    id.hyphenated().encode_lower(&mut buf).to_owned()
 }
 
 /// A W3C `traceparent` (version 00, sampled) in trace `trace_id` with span id `span_id`
