@@ -465,6 +465,39 @@ async fn the_migrations_create_the_claim_index_for_held_subjects() {
     assert!(indexes.contains(&"outbox_events_unpublished_idx".to_owned()));
 }
 
+#[tokio::test]
+async fn the_mark_writes_each_rows_new_version_on_the_rows_own_page() {
+    let db = TestDb::new().await;
+    // rows of the relay bench's size, inserted unpublished as an emit inserts them
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data)
+         select gen_random_uuid(), 'billing.invoice.paid', 'billing', 'invoice-' || i, now(),
+                jsonb_build_object('note', repeat('x', 300), 'n', i)
+           from generate_series(1, 2000) as g(i)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // the relay's mark; `before` reads the statement's snapshot, so it sees the old versions
+    let (marked, moved): (i64, i64) = sqlx::query_as(
+        "with before as (select id, ctid from outbox_events),
+              marked as (update outbox_events set published_at = clock_timestamp()
+                          returning id, ctid)
+         select count(*),
+                count(*) filter (where (before.ctid::text::point)[0]
+                                       <> (marked.ctid::text::point)[0])
+           from before join marked using (id)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(marked, 2000);
+    assert_eq!(
+        moved, 0,
+        "the new versions stay on their rows' pages (migration 0004's fillfactor)"
+    );
+}
+
 /// A service migrations folder in a temporary directory, with one file.
 async fn service_migrator(file: &str) -> (tempfile::TempDir, sqlx::migrate::Migrator) {
     let dir = tempfile::tempdir().expect("a temporary folder");
