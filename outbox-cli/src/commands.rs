@@ -163,8 +163,8 @@ pub struct PruneArgs {
     /// Keep consumer dedupe rows this many hours (omit to leave them).
     #[arg(long)]
     keep_dedupe_hours: Option<f64>,
-    /// Rows per delete statement.
-    #[arg(long, default_value_t = 1000)]
+    /// Rows per delete statement (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
     batch_size: i64,
     /// Only count what would be deleted.
     #[arg(long)]

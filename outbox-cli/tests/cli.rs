@@ -1217,6 +1217,16 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
     );
     assert_eq!(remaining().await, all, "a dry run deletes nothing");
 
+    // a batch size that would never finish a delete loop is refused before connecting
+    let out = run(["prune", "--database-url", &url, "--batch-size", "0"]).await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains("'0'") && out.stderr.contains("--batch-size"),
+        "names the flag and the value:\n{}",
+        out.stderr
+    );
+    assert_eq!(remaining().await, all, "a refused prune deletes nothing");
+
     let out = run(["prune", "--database-url", &url, "--keep-hours", "1"]).await;
     out.expect_code(0).assert_clean();
     assert_eq!(

@@ -101,10 +101,22 @@ fn interval(d: Duration) -> sqlx::postgres::types::PgInterval {
     }
 }
 
+/// `batch` rows per delete statement: a loop that runs until a statement deletes fewer than
+/// `batch` would never end at 0.
+fn check_batch(batch: i64) -> Result<()> {
+    if batch <= 0 {
+        return Err(Error::Config(format!(
+            "the prune batch size must be positive, got {batch}"
+        )));
+    }
+    Ok(())
+}
+
 /// Deletes published rows whose `published_at` is older than `keep`, `batch` rows per
 /// statement, until none is left. Returns how many were deleted. Unpublished rows are never
-/// selected.
+/// selected. A `batch` below 1 is an [`Error::Config`], before any statement.
 pub async fn prune_published(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
+    check_batch(batch)?;
     let mut total = 0;
     loop {
         let n = sqlx::query(
@@ -140,7 +152,9 @@ pub async fn count_prunable(pool: &PgPool, keep: Duration) -> Result<i64> {
 }
 
 /// Deletes dedupe rows (`outbox_consumed`) older than `keep`, in batches. Returns how many.
+/// A `batch` below 1 is an [`Error::Config`], before any statement.
 pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
+    check_batch(batch)?;
     let mut total = 0;
     loop {
         let n = sqlx::query(

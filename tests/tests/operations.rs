@@ -304,3 +304,25 @@ async fn retention_keeps_rows_inside_the_window_and_counts_a_dry_run() {
     assert_eq!(left.len(), 1);
     assert_eq!(left[0], (None, 25));
 }
+
+#[tokio::test]
+async fn a_prune_batch_below_one_is_refused_before_any_statement() {
+    // a pool that has never connected, to a port nothing listens on: a statement would fail
+    // with a connection error, so a configuration error shows that none was sent
+    let url = format!("postgres://root@127.0.0.1:{}/test", common::free_port());
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .connect_lazy(&url)
+        .expect("a lazy pool");
+    for batch in [0, -5] {
+        let published = retention::prune_published(&pool, Duration::ZERO, batch).await;
+        let dedupe = retention::prune_dedupe(&pool, Duration::ZERO, batch).await;
+        for result in [published, dedupe] {
+            let err = result.expect_err("a batch below 1 would never end the delete loop");
+            assert!(
+                matches!(err, outbox_runtime::Error::Config(_))
+                    && err.to_string().contains(&format!("got {batch}")),
+                "{err}"
+            );
+        }
+    }
+}
