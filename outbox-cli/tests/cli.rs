@@ -478,6 +478,20 @@ async fn relay_drains_a_backlog_stops_on_sigterm_with_nothing_half_done_and_resu
             "gauge `{gauge}` missing from /metrics:\n{scraped}"
         );
     }
+    // and the time of their last refresh, which an alert compares with the clock
+    let refreshed_at = scraped
+        .lines()
+        .find_map(|l| l.strip_prefix("outbox_gauges_refreshed_at_seconds "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no refresh time in /metrics:\n{scraped}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_secs_f64();
+    assert!(
+        (now - 60.0..=now).contains(&refreshed_at),
+        "refreshed at {refreshed_at}, now {now}"
+    );
     // The progress line is a plain log line every 10 s when stderr is not a terminal; once the
     // backlog is drained, the next one says so.
     let backlog_of = |line: &str| -> Option<i64> {

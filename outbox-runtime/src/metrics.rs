@@ -27,6 +27,9 @@ pub const OLDEST_UNPUBLISHED_AGE: &str = "outbox_oldest_unpublished_age_seconds"
 pub const UNPUBLISHED: &str = "outbox_unpublished";
 /// Gauge: unpublished rows at or past the attempt cap right now. Alert on any.
 pub const ROWS_AT_CAP: &str = "outbox_rows_at_attempt_cap";
+/// Gauge: Unix time in seconds of the last refresh of the three gauges above. They keep their
+/// last values while Postgres cannot be read; alert when this falls behind the clock.
+pub const GAUGES_REFRESHED_AT: &str = "outbox_gauges_refreshed_at_seconds";
 /// Counter: rows deleted by retention, labelled `table`.
 pub const PRUNED: &str = "outbox_retention_deleted_total";
 

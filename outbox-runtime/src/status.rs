@@ -127,15 +127,21 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
 }
 
 /// Publishes the gauges an alert needs: `outbox_oldest_unpublished_age_seconds`,
-/// `outbox_unpublished` and `outbox_rows_at_attempt_cap`. [`Relay::run`](crate::Relay::run)
-/// calls it every 10 s while it runs; call it yourself where no relay runs in the process
-/// that exports metrics.
+/// `outbox_unpublished` and `outbox_rows_at_attempt_cap`, then
+/// `outbox_gauges_refreshed_at_seconds` (the Unix time of this refresh: when a refresh fails,
+/// the others keep their last values and this one falls behind the clock).
+/// [`Relay::run`](crate::Relay::run) calls it every 10 s while it runs; call it yourself where
+/// no relay runs in the process that exports metrics.
 pub async fn record_gauges(pool: &PgPool, max_attempts: i32) -> Result<Status> {
     let s = status(pool, max_attempts).await?;
     metrics::gauge!(m::OLDEST_UNPUBLISHED_AGE)
         .set(s.oldest_unpublished_age.map_or(0.0, |d| d.as_secs_f64()));
     metrics::gauge!(m::UNPUBLISHED).set(s.unpublished as f64);
     metrics::gauge!(m::ROWS_AT_CAP).set(s.at_cap as f64);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    metrics::gauge!(m::GAUGES_REFRESHED_AT).set(now.as_secs_f64());
     Ok(s)
 }
 
