@@ -83,13 +83,7 @@ impl RetentionConfig {
                 )));
             }
         }
-        if self.batch_size <= 0 {
-            return Err(Error::Config(format!(
-                "batch_size must be positive, got {}",
-                self.batch_size
-            )));
-        }
-        Ok(())
+        check_batch(self.batch_size)
     }
 }
 
@@ -106,7 +100,7 @@ fn interval(d: Duration) -> sqlx::postgres::types::PgInterval {
 fn check_batch(batch: i64) -> Result<()> {
     if batch <= 0 {
         return Err(Error::Config(format!(
-            "the prune batch size must be positive, got {batch}"
+            "the prune batch size (batch_size) must be positive, got {batch}"
         )));
     }
     Ok(())
