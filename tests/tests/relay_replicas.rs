@@ -63,6 +63,36 @@ async fn emit(
     tx.commit().await.unwrap();
 }
 
+/// A test context with its stream and one event type, and `events` events of that type emitted
+/// before any relay runs; returns the ids each subject should reach the stream with, in order.
+async fn one_type_backlog(events: usize) -> (Ctx, Vec<String>, HashMap<String, Vec<Uuid>>) {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let types = vec![ctx.event_type("billing.subscription.created")];
+    let schemas = open_schemas(&types);
+    let mut expected = HashMap::new();
+    emit(ctx.pool(), &schemas, &types, 0..events, &mut expected).await;
+    (ctx, types, expected)
+}
+
+/// A relay with `config` on the test's pool, running until the sender fires.
+async fn start_relay(
+    ctx: &Ctx,
+    config: RelayConfig,
+) -> (
+    Arc<Relay>,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let relay = Arc::new(
+        Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
+            .await
+            .unwrap(),
+    );
+    let (stop, running) = common::run_relay(relay.clone());
+    (relay, stop, running)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_relays_publish_every_event_once_in_order_per_subject() {
     let ctx = Ctx::new().await;
@@ -85,7 +115,6 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
     let started = std::time::Instant::now();
     emit(ctx.pool(), &schemas, &types, 0..EVENTS / 2, &mut expected).await;
 
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut relays = Vec::new();
     for _ in 0..RELAYS {
         // a pool per relay, as in separate processes
@@ -99,18 +128,8 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
                 .await
                 .unwrap(),
         );
-        let mut stopped = stopped.clone();
-        let running = relay.clone();
-        relays.push((
-            relay,
-            tokio::spawn(async move {
-                running
-                    .run(async move {
-                        let _ = stopped.wait_for(|s| *s).await;
-                    })
-                    .await
-            }),
-        ));
+        let (stop, running) = common::run_relay(relay.clone());
+        relays.push((relay, stop, running));
     }
     let relays_started = std::time::Instant::now();
     emit(
@@ -129,12 +148,17 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
         || async { ctx.db.unpublished().await == 0 },
     )
     .await;
-    stop.send(true).unwrap();
-    let mut published_by = Vec::new();
-    for (relay, running) in relays {
-        running.await.unwrap().unwrap();
-        published_by.push(relay.stats().published);
+    let (relays, runs): (Vec<_>, Vec<_>) = relays
+        .into_iter()
+        .map(|(relay, stop, running)| {
+            stop.send(()).unwrap();
+            (relay, running)
+        })
+        .unzip();
+    for running in runs {
+        running.await.unwrap();
     }
+    let published_by: Vec<u64> = relays.iter().map(|r| r.stats().published).collect();
     eprintln!(
         "emitted {EVENTS} in {emitted:?}; relays ran {:?} until drained; published per relay: {published_by:?}",
         relays_started.elapsed()
@@ -222,22 +246,13 @@ async fn partitions_held(ctx: &Ctx, lanes: usize) -> Vec<(i32, Vec<i64>)> {
 async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order() {
     const LANES: usize = 4;
     const BACKLOG: usize = 12_000;
-    let ctx = Ctx::new().await;
-    ctx.ensure_stream().await;
-    let types = [ctx.event_type("billing.subscription.created")];
-    let schemas = open_schemas(&types);
-    let mut expected: HashMap<String, Vec<Uuid>> = HashMap::new();
-    emit(ctx.pool(), &schemas, &types, 0..BACKLOG, &mut expected).await;
+    let (ctx, types, expected) = one_type_backlog(BACKLOG).await;
     let config = RelayConfig {
-        subjects: types.to_vec(),
+        subjects: types,
         lanes: LANES,
         ..Default::default()
     };
-    let relay = Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
-        .await
-        .unwrap();
-    let relay = Arc::new(relay);
-    let (stop, running) = common::run_relay(relay.clone());
+    let (relay, stop, running) = start_relay(&ctx, config).await;
 
     // While the backlog drains, every open batch (one backend each) holds advisory locks only
     // on partitions of its own lane: one residue of `partition % LANES` per backend.
@@ -269,12 +284,7 @@ async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_relay_that_finds_every_row_held_claims_again_soon_and_then_runs_one_lane() {
     const BACKLOG: usize = 6_000;
-    let ctx = Ctx::new().await;
-    ctx.ensure_stream().await;
-    let types = [ctx.event_type("billing.subscription.created")];
-    let schemas = open_schemas(&types);
-    let mut expected: HashMap<String, Vec<Uuid>> = HashMap::new();
-    emit(ctx.pool(), &schemas, &types, 0..BACKLOG, &mut expected).await;
+    let (ctx, types, expected) = one_type_backlog(BACKLOG).await;
     // Another transaction (as another relay's batch would) holds every row.
     let mut holder = ctx.pool().begin().await.unwrap();
     sqlx::query("select 1 from outbox_events for update")
@@ -284,16 +294,12 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon_and_then_runs_one_l
     // The rows were announced before the relay listened, and the poll is longer than the
     // test: only the retry after finding rows held can find them once they are free.
     let config = RelayConfig {
-        subjects: types.to_vec(),
+        subjects: types,
         poll_interval: Duration::from_secs(3600),
         lanes: 2,
         ..Default::default()
     };
-    let relay = Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
-        .await
-        .unwrap();
-    let relay = Arc::new(relay);
-    let (stop, running) = common::run_relay(relay.clone());
+    let (relay, stop, running) = start_relay(&ctx, config).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         ctx.db.unpublished().await,
