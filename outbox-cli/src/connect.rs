@@ -7,6 +7,8 @@ use clap::Args;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool};
 
+use outbox_runtime::redact;
+
 use crate::{CliError, Result};
 
 /// Postgres connection (TLS through the URL's `sslmode`, e.g. `?sslmode=verify-full&sslrootcert=ca.pem`).
@@ -67,40 +69,12 @@ pub struct NatsArgs {
     pub nats_tls_key: Option<PathBuf>,
 }
 
-/// A URL with its password (and any `password=` query value) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None if scheme.starts_with("nats") || scheme == "tls" => format!("***@{host}"),
-            None => format!("{userinfo}@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = tail
-        .split('&')
-        .map(|part| match part.split_once("password=") {
-            Some((head, _)) => format!("{head}password=***"),
-            None => part.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join("&");
-    format!("{scheme}://{authority}{tail}")
-}
-
 /// Connects a small pool; errors name the redacted URL and how to start a local Postgres.
 pub async fn pool(args: &DbArgs, max: u32) -> Result<PgPool> {
     let options: PgConnectOptions = args.database_url.parse().map_err(|e| {
         CliError::msg(format!(
             "DATABASE_URL `{}` is not a Postgres URL: {e}",
-            redact(&args.database_url)
+            redact::url(&args.database_url)
         ))
     })?;
     let result = PgPoolOptions::new()
@@ -122,8 +96,8 @@ pub async fn pool(args: &DbArgs, max: u32) -> Result<PgPool> {
     };
     Err(CliError::msg(format!(
         "cannot connect to Postgres at {}: {}; is it running? (`scripts/services` starts a local one)",
-        redact(&args.database_url),
-        redact_error(&error, &args.database_url)
+        redact::url(&args.database_url),
+        redact::password_in(&error, &args.database_url)
     )))
 }
 
@@ -172,59 +146,8 @@ pub async fn jetstream(args: &NatsArgs) -> Result<async_nats::jetstream::Context
         };
         CliError::msg(format!(
             "cannot connect to NATS at {}: {e}; {hint}",
-            redact(&args.nats_url)
+            redact::url(&args.nats_url)
         ))
     })?;
     Ok(async_nats::jetstream::new(client))
-}
-
-/// Removes a URL's password from an error text that may quote it.
-pub fn redact_error(text: &str, url: &str) -> String {
-    let password = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split(['/', '?']).next())
-        .and_then(|auth| auth.rsplit_once('@'))
-        .and_then(|(userinfo, _)| userinfo.split_once(':'))
-        .map(|(_, p)| p)
-        .filter(|p| !p.is_empty());
-    match password {
-        Some(p) => text.replace(p, "***"),
-        None => text.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact("postgres://app:s3cret@db.internal:5432/billing?sslmode=require"),
-            "postgres://app:***@db.internal:5432/billing?sslmode=require"
-        );
-        assert_eq!(
-            redact("postgres://app@db/billing?password=s3cret&sslmode=verify-full"),
-            "postgres://app@db/billing?password=***&sslmode=verify-full"
-        );
-        assert_eq!(
-            redact("nats://tok3n@127.0.0.1:4222"),
-            "nats://***@127.0.0.1:4222"
-        );
-        assert_eq!(
-            redact("nats://u:p@127.0.0.1:4222"),
-            "nats://u:***@127.0.0.1:4222"
-        );
-        assert_eq!(
-            redact("postgres://root@127.0.0.1/test"),
-            "postgres://root@127.0.0.1/test"
-        );
-        assert_eq!(
-            redact_error(
-                "password authentication failed: s3cret",
-                "postgres://a:s3cret@h/db"
-            ),
-            "password authentication failed: ***"
-        );
-    }
 }

@@ -35,6 +35,7 @@ use crate::envelope::{Envelope, SPEC_VERSION};
 use crate::error::{Error, Result};
 use crate::metrics as m;
 use crate::order::{self, Freshness};
+use crate::table::OUTBOX_CONSUMED;
 use crate::validate::compiled_for;
 use crate::OutboxEvent;
 
@@ -285,7 +286,12 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 },
             )
             .await
-            .map_err(Error::nats)
+            .map_err(|e| {
+                Error::nats(
+                    format!("creating the durable consumer `{}`", self.config.name),
+                    e,
+                )
+            })
     }
 
     /// Consumes until `shutdown` resolves. The message in hand is finished (committed and
@@ -361,7 +367,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         }
         let envelope = match decode::<E>(&message.payload) {
             Ok(envelope) => envelope,
-            Err((event_id, reason)) => return self.reject(&message, event_id, reason).await,
+            Err(rejection) => return self.reject(&message, rejection).await,
         };
         span.record("event_id", tracing::field::display(envelope.id));
         let delivery = self.delivery(envelope, delivered, stream_sequence, traceparent);
@@ -374,7 +380,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 message
                     .ack_with(AckKind::Nak(Some(delay)))
                     .await
-                    .map_err(Error::nats)?;
+                    .map_err(|e| Error::nats("nak-ing a message", e))?;
                 return Err(e);
             }
         };
@@ -383,11 +389,17 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             Outcome::Handled => {
                 // A lost ack only means a redelivery, which the dedupe row turns into a
                 // duplicate: no need to wait for the server to confirm it.
-                message.ack().await.map_err(Error::nats)?;
+                message
+                    .ack()
+                    .await
+                    .map_err(|e| Error::nats("acking a message", e))?;
                 metrics::counter!(m::CONSUMER_HANDLED, &labels).increment(1);
             }
             Outcome::Duplicate => {
-                message.ack().await.map_err(Error::nats)?;
+                message
+                    .ack()
+                    .await
+                    .map_err(|e| Error::nats("acking a message", e))?;
                 metrics::counter!(m::CONSUMER_DUPLICATES, &labels).increment(1);
                 tracing::info!(consumer = %self.name, event_id = %delivery.id(), "duplicate delivery acked, not handled");
             }
@@ -395,12 +407,15 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 message
                     .ack_with(AckKind::Nak(Some(*delay)))
                     .await
-                    .map_err(Error::nats)?;
+                    .map_err(|e| Error::nats("nak-ing a message", e))?;
                 metrics::counter!(m::CONSUMER_FAILURES, &labels).increment(1);
                 tracing::warn!(consumer = %self.name, event_id = %delivery.id(), delivered, error = %error, ?delay, "handler failed; retrying");
             }
             Outcome::GaveUp { error } => {
-                message.ack_with(AckKind::Term).await.map_err(Error::nats)?;
+                message
+                    .ack_with(AckKind::Term)
+                    .await
+                    .map_err(|e| Error::nats("terminating a message", e))?;
                 metrics::counter!(m::CONSUMER_FAILURES, &labels).increment(1);
                 metrics::counter!(m::CONSUMER_GAVE_UP, &labels).increment(1);
                 tracing::error!(consumer = %self.name, event_id = %delivery.id(), delivered, error = %error,
@@ -442,7 +457,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         .bind(delivery.id())
         .execute(&mut *tx)
         .await
-        .map_err(|e| Error::from_db(e, "outbox_consumed", "0002_outbox_consumer.sql"))?
+        .map_err(|e| OUTBOX_CONSUMED.error(e))?
         .rows_affected()
             == 1;
         if !fresh {
@@ -469,12 +484,8 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         }
     }
 
-    async fn reject(
-        &self,
-        message: &jetstream::Message,
-        event_id: Option<Uuid>,
-        reason: String,
-    ) -> Result<Outcome> {
+    async fn reject(&self, message: &jetstream::Message, rejection: Rejection) -> Result<Outcome> {
+        let Rejection { event_id, reason } = rejection;
         let id = event_id
             .map(|i| i.to_string())
             .unwrap_or_else(|| "unknown".into());
@@ -497,36 +508,58 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 message
                     .ack_with(AckKind::Nak(Some(self.config.retry_max)))
                     .await
-                    .map_err(Error::nats)?;
-                return Err(Error::Nats(format!(
-                    "dead-lettering {id} to `{subject}` failed: {e}"
-                )));
+                    .map_err(|e| Error::nats("nak-ing a message", e))?;
+                return Err(Error::nats(
+                    format!("dead-lettering {id} to `{subject}`"),
+                    e,
+                ));
             }
         }
-        message.ack_with(AckKind::Term).await.map_err(Error::nats)?;
+        message
+            .ack_with(AckKind::Term)
+            .await
+            .map_err(|e| Error::nats("terminating a message", e))?;
         Ok(Outcome::Rejected { event_id, reason })
     }
 }
 
+/// Why a message cannot be decoded into the consumer's event type: it would fail on every
+/// redelivery, so it is handled by the [`Undecodable`] policy instead of retried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Rejection {
+    /// The event id, when the message had a readable one.
+    pub event_id: Option<Uuid>,
+    /// What is wrong with the message.
+    pub reason: String,
+}
+
+impl Rejection {
+    fn new(event_id: Option<Uuid>, reason: impl Into<String>) -> Self {
+        Rejection {
+            event_id,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// Decodes a message body into a typed envelope, or says why not (with the id when known).
-pub fn decode<E: OutboxEvent>(
-    payload: &[u8],
-) -> std::result::Result<Envelope<E>, (Option<Uuid>, String)> {
+pub fn decode<E: OutboxEvent>(payload: &[u8]) -> std::result::Result<Envelope<E>, Rejection> {
     let raw: Envelope<serde_json::Value> = serde_json::from_slice(payload).map_err(|e| {
         let id = serde_json::from_slice::<serde_json::Value>(payload)
             .ok()
             .and_then(|v| v.get("id")?.as_str()?.parse().ok());
-        (id, format!("not a CloudEvents envelope: {e}"))
+        Rejection::new(id, format!("not a CloudEvents envelope: {e}"))
     })?;
     let id = Some(raw.id);
     if raw.specversion != SPEC_VERSION {
-        return Err((
+        return Err(Rejection::new(
             id,
             format!("unsupported CloudEvents specversion `{}`", raw.specversion),
         ));
     }
     if raw.event_type != E::EVENT_TYPE {
-        return Err((
+        return Err(Rejection::new(
             id,
             format!(
                 "event type `{}` is not `{}`, the type this consumer decodes",
@@ -537,9 +570,10 @@ pub fn decode<E: OutboxEvent>(
     }
     compiled_for::<E>()
         .and_then(|c| c.check(E::EVENT_TYPE, &raw.data))
-        .map_err(|e| (id, e.to_string()))?;
-    let data: E = serde_json::from_value(raw.data)
-        .map_err(|e| (id, format!("payload does not fit `{}`: {e}", E::EVENT_TYPE)))?;
+        .map_err(|e| Rejection::new(id, e.to_string()))?;
+    let data: E = serde_json::from_value(raw.data).map_err(|e| {
+        Rejection::new(id, format!("payload does not fit `{}`: {e}", E::EVENT_TYPE))
+    })?;
     Ok(Envelope {
         specversion: raw.specversion,
         id: raw.id,

@@ -9,21 +9,34 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
+use crate::table::OUTBOX_EVENTS;
 use crate::validate::{validated_data, Schemas};
 use crate::EmitEvent;
 
 /// The channel the relay listens on. Every emit notifies it; Postgres delivers the notification
 /// only when the emitting transaction commits, and folds the notifications of one transaction
 /// into one.
-pub const NOTIFY_CHANNEL: &str = "outbox_events";
+pub const NOTIFY_CHANNEL: &str = notify_channel!();
+
+/// [`NOTIFY_CHANNEL`], as a literal for the statements that name it.
+macro_rules! notify_channel {
+    () => {
+        "outbox_events"
+    };
+}
+pub(crate) use notify_channel;
 
 /// `created_at` is `clock_timestamp()` rather than the column default `now()`, so two events
 /// emitted in one transaction keep their emit order (`now()` is the transaction's start time for
 /// every statement in it). The notification rides in the same statement: no extra round trip.
-const INSERT: &str = "with inserted as ( \
-       insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
-       values ($1, $2, $3, $4, $5, $6, clock_timestamp()) returning 1) \
-     select pg_notify('outbox_events', '') from inserted";
+const INSERT: &str = concat!(
+    "with inserted as (",
+    " insert into outbox_events (id, event_type, source, subject, time, data, created_at)",
+    " values ($1, $2, $3, $4, $5, $6, clock_timestamp()) returning 1)",
+    " select pg_notify('",
+    notify_channel!(),
+    "', '') from inserted"
+);
 
 /// An event without a compile-time type, for tools and tests.
 ///
@@ -171,7 +184,7 @@ async fn insert(conn: &mut PgConnection, row: Row<'_>) -> Result<Uuid> {
         .execute(conn)
         .instrument(span)
         .await
-        .map_err(|e| Error::from_db(e, "outbox_events", "0001_outbox_events.sql"))?;
+        .map_err(|e| OUTBOX_EVENTS.error(e))?;
     metrics::counter!(crate::metrics::EMITTED, "event_type" => row.event_type.to_owned())
         .increment(1);
     Ok(id)

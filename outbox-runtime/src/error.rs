@@ -98,9 +98,29 @@ pub enum Error {
     /// Serialising an event or envelope failed.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
-    /// A NATS or JetStream operation failed.
-    #[error("nats: {0}")]
-    Nats(String),
+    /// A NATS or JetStream operation failed. `source` is async-nats's error, whose `kind()`
+    /// tells (for example) a refused publish from a timeout: downcast it, e.g. to
+    /// `async_nats::jetstream::context::PublishError`.
+    #[error("nats: {action}: {source}")]
+    Nats {
+        /// What was being done, in words.
+        action: String,
+        /// async-nats's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The NATS server answers but JetStream does not work for this connection (not enabled,
+    /// or the account has no JetStream).
+    #[error("JetStream at {target} {problem}")]
+    JetStream {
+        /// The server's address.
+        target: String,
+        /// What is wrong and how to fix it.
+        problem: String,
+        /// The client's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The JetStream stream does not fit the relay (missing, subjects not captured, duplicate
     /// window shorter than the retry horizon, ...).
     #[error("stream `{stream}`: {reason}")]
@@ -114,31 +134,43 @@ pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
     /// Postgres or NATS could not be reached.
-    #[error("cannot reach {service} at {target}: {reason}; check that it is running and that the address is right")]
+    #[error("cannot reach {service} at {target}: {source}; check that it is running and that the address is right")]
     Unreachable {
         /// `postgres` or `nats`.
         service: &'static str,
         /// The address tried (URL without credentials).
         target: String,
         /// What the client said.
-        reason: String,
+        #[source]
+        source: BoxError,
     },
 }
 
+/// Another library's error, kept whole (its type and kind) as the [`source`] of ours.
+///
+/// [`source`]: std::error::Error::source
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 impl Error {
-    pub(crate) fn nats(e: impl fmt::Display) -> Self {
-        Error::Nats(e.to_string())
+    /// A failed NATS operation: `action` says what was being done.
+    pub(crate) fn nats(action: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Nats {
+            action: action.into(),
+            source: source.into(),
+        }
     }
 
-    /// Maps "relation does not exist" to [`Error::MissingTable`] so the message says which
-    /// migration to run.
-    pub(crate) fn from_db(e: sqlx::Error, table: &'static str, migration: &'static str) -> Self {
-        if let sqlx::Error::Database(db) = &e {
-            if db.code().as_deref() == Some("42P01") {
-                return Error::MissingTable { table, migration };
-            }
+    /// `service` at `target` (an address without credentials) could not be reached.
+    pub(crate) fn unreachable(
+        service: &'static str,
+        target: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Unreachable {
+            service,
+            target: target.into(),
+            source: source.into(),
         }
-        Error::Database(e)
     }
 }
 

@@ -9,15 +9,17 @@ mod error;
 mod event;
 pub mod metrics;
 pub mod order;
+pub mod redact;
 pub mod relay;
 pub mod retention;
 pub mod status;
 pub mod stream;
+mod table;
 mod validate;
 
 pub use emit::{EmitExt, RawEvent, NOTIFY_CHANNEL};
 pub use envelope::{Envelope, CONTENT_TYPE, DATA_CONTENT_TYPE, SPEC_VERSION};
-pub use error::{Error, Result, SchemaViolation};
+pub use error::{BoxError, Error, Result, SchemaViolation};
 pub use event::{EmitEvent, OutboxEvent, PLATFORM_SUBJECT};
 pub use relay::{BatchReport, Claim, Relay, RelayConfig, RelayStats};
 pub use stream::{check_captures, StorageType, StreamSpec};

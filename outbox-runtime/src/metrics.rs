@@ -7,7 +7,10 @@ pub const EMITTED: &str = "outbox_events_emitted_total";
 /// Counter: rows the relay published (acknowledged by JetStream), labelled `event_type`.
 pub const PUBLISHED: &str = "outbox_events_published_total";
 /// Counter: publish attempts that failed (error, refusal or no ack before the deadline),
-/// labelled `event_type`. Each one adds 1 to the row's `attempts`.
+/// labelled `event_type` and `reason`: async-nats's publish error kind (`timeout`,
+/// `no_stream`, `max_payload`, `broken_pipe`, `max_ack_pending`, `expectation`, `other`) or the
+/// relay's own (`not_connected`, `deadline`, `envelope`). Each one adds 1 to the row's
+/// `attempts`.
 pub const PUBLISH_FAILURES: &str = "outbox_publish_failures_total";
 /// Counter: publishes JetStream acknowledged as duplicates of a message it already stored under
 /// the same `Nats-Msg-Id` (a republish after a crash or a lost ack). Counted as published too.

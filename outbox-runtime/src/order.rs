@@ -11,7 +11,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::table::SUBJECT_POSITIONS;
 
 /// Whether an event is newer than what a consumer already applied for its subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +67,7 @@ pub async fn advance(
     .bind(time)
     .fetch_one(conn)
     .await
-    .map_err(|e| Error::from_db(e, "outbox_subject_positions", "0002_outbox_consumer.sql"))
+    .map_err(|e| SUBJECT_POSITIONS.error(e))
     .map(|previous: Option<DateTime<Utc>>| previous.unwrap_or(time))?;
     Ok(if applied > time {
         Freshness::Stale { applied }

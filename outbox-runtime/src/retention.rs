@@ -20,6 +20,7 @@ use sqlx::PgPool;
 
 use crate::error::{Error, Result};
 use crate::metrics as m;
+use crate::table::{OUTBOX_CONSUMED, OUTBOX_EVENTS};
 
 /// Retention settings (defaults: keep 7 days of published rows and 14 days of dedupe rows,
 /// delete 1,000 rows per statement, run every minute).
@@ -123,7 +124,7 @@ pub async fn prune_published(pool: &PgPool, keep: Duration, batch: i64) -> Resul
         .bind(batch)
         .execute(pool)
         .await
-        .map_err(|e| Error::from_db(e, "outbox_events", "0001_outbox_events.sql"))?
+        .map_err(|e| OUTBOX_EVENTS.error(e))?
         .rows_affected();
         total += n;
         if n < batch as u64 {
@@ -142,7 +143,7 @@ pub async fn count_prunable(pool: &PgPool, keep: Duration) -> Result<i64> {
     .bind(interval(keep))
     .fetch_one(pool)
     .await
-    .map_err(|e| Error::from_db(e, "outbox_events", "0001_outbox_events.sql"))
+    .map_err(|e| OUTBOX_EVENTS.error(e))
 }
 
 /// Deletes dedupe rows (`outbox_consumed`) older than `keep`, in batches. Returns how many.
@@ -161,7 +162,7 @@ pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u
         .bind(batch)
         .execute(pool)
         .await
-        .map_err(|e| Error::from_db(e, "outbox_consumed", "0002_outbox_consumer.sql"))?
+        .map_err(|e| OUTBOX_CONSUMED.error(e))?
         .rows_affected();
         total += n;
         if n < batch as u64 {

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::metrics as m;
+use crate::table::OUTBOX_EVENTS;
 
 /// A snapshot of the outbox table's unpublished rows.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -60,7 +61,7 @@ fn age(secs: Option<f64>) -> Option<Duration> {
 }
 
 fn db(e: sqlx::Error) -> Error {
-    Error::from_db(e, "outbox_events", "0001_outbox_events.sql")
+    OUTBOX_EVENTS.error(e)
 }
 
 /// Reads the [`Status`] of the outbox table, counting rows with `attempts >= max_attempts` as
@@ -191,4 +192,17 @@ pub async fn unblock(pool: &PgPool, which: &Unblock, max_attempts: i32) -> Resul
         tracing::info!(event_id = %id, "unblocked: attempts reset, the relay will publish it again");
     }
     Ok(ids)
+}
+
+/// [`record_gauges`] at start and every `interval`, for as long as the relay that runs it: the
+/// gauges operators alert on exist wherever a relay runs, in a service or in `outbox relay`.
+pub(crate) async fn refresh_gauges(pool: PgPool, max_attempts: i32, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = record_gauges(&pool, max_attempts).await {
+            tracing::debug!(error = %e, "outbox backlog gauges not refreshed");
+        }
+    }
 }

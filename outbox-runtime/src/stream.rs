@@ -200,7 +200,11 @@ impl StreamSpec {
         self.validate()?;
         match jetstream.get_stream(&self.name).await {
             Ok(mut existing) => {
-                let info = existing.info().await.map_err(Error::nats)?.clone();
+                let info = existing
+                    .info()
+                    .await
+                    .map_err(|e| Error::nats(format!("reading stream `{}`", self.name), e))?
+                    .clone();
                 let diff = self.differences(&info.config);
                 if diff.is_empty() {
                     Ok(info)
@@ -217,9 +221,13 @@ impl StreamSpec {
                     .create_stream(self.to_config())
                     .await
                     .map_err(|e| self.error(format!("cannot be created: {e}")))?;
-                Ok(created.info().await.map_err(Error::nats)?.clone())
+                Ok(created
+                    .info()
+                    .await
+                    .map_err(|e| Error::nats(format!("reading stream `{}`", self.name), e))?
+                    .clone())
             }
-            Err(e) => Err(Error::nats(e)),
+            Err(e) => Err(Error::nats(format!("looking up stream `{}`", self.name), e)),
         }
     }
 }
@@ -261,20 +269,23 @@ pub async fn check_captures<S: AsRef<str>>(
         match jetstream.stream_by_subject(subject).await {
             Ok(name) => {
                 if let std::collections::btree_map::Entry::Vacant(slot) = found.entry(name) {
+                    let reading = || format!("reading stream `{}`", slot.key());
                     let mut s = jetstream
                         .get_stream(slot.key())
                         .await
-                        .map_err(Error::nats)?;
-                    slot.insert(s.info().await.map_err(Error::nats)?.clone());
+                        .map_err(|e| Error::nats(reading(), e))?;
+                    let info = s.info().await.map_err(|e| Error::nats(reading(), e))?;
+                    slot.insert(info.clone());
                 }
             }
             Err(e) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => {
                 missing.push(subject.to_owned());
             }
             Err(e) => {
-                return Err(Error::nats(format!(
-                    "looking up the stream of `{subject}`: {e}"
-                )))
+                return Err(Error::nats(
+                    format!("looking up the stream of `{subject}`"),
+                    e,
+                ))
             }
         }
     }

@@ -1,0 +1,93 @@
+//! The relay's start-up checks (docs/relay.md, *Start-up checks*): each fails with an error
+//! that names what is wrong and how to fix it.
+
+use async_nats::connection::State;
+use async_nats::jetstream;
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::time::timeout;
+
+use super::config::RelayConfig;
+use crate::error::{Error, Result};
+use crate::table::OUTBOX_EVENTS;
+
+/// The pool allows a connection per lane and one for `LISTEN`.
+pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
+    let connections = pool.options().get_max_connections() as usize;
+    if connections <= config.lanes {
+        return Err(Error::Config(format!(
+            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane and one for LISTEN): raise the pool's max_connections or lower RelayConfig::lanes",
+            config.lanes,
+            config.lanes + 1
+        )));
+    }
+    Ok(())
+}
+
+/// Postgres answers and has the outbox table.
+pub(super) async fn table(pool: &PgPool) -> Result<()> {
+    sqlx::query("select 1 from outbox_events limit 0")
+        .execute(pool)
+        .await
+        .map_err(|e| {
+            if super::is_connection_error(&e) {
+                let o = pool.connect_options();
+                Error::unreachable("postgres", format!("{}:{}", o.get_host(), o.get_port()), e)
+            } else {
+                OUTBOX_EVENTS.error(e)
+            }
+        })?;
+    Ok(())
+}
+
+/// NATS answers with JetStream enabled for this account.
+pub(super) async fn jetstream(jetstream: &jetstream::Context, config: &RelayConfig) -> Result<()> {
+    let client = jetstream.client();
+    let info = client.server_info();
+    let target = format!("{}:{}", info.host, info.port);
+    let info_request = jetstream.request::<_, _, Value>("INFO", &b""[..]);
+    match timeout(config.ack_timeout, info_request).await {
+        Ok(Ok(answer)) => match answer.get("error") {
+            Some(error) => Err(Error::JetStream {
+                target,
+                problem: format!("refuses this account: {error}"),
+                source: None,
+            }),
+            None => Ok(()),
+        },
+        Ok(Err(e)) if client.connection_state() == State::Connected => Err(Error::JetStream {
+            target,
+            problem:
+                "does not answer; is the server started with JetStream enabled (`nats-server -js`)?"
+                    .into(),
+            source: Some(Box::new(e)),
+        }),
+        Ok(Err(e)) => Err(Error::unreachable("nats", target, e)),
+        Err(_) => Err(Error::unreachable(
+            "nats",
+            target,
+            format!("no answer within {:?}", config.ack_timeout),
+        )),
+    }
+}
+
+/// A stream captures each of [`RelayConfig::subjects`], with a duplicate window that covers
+/// [`RelayConfig::retry_horizon`].
+pub(super) async fn streams(jetstream: &jetstream::Context, config: &RelayConfig) -> Result<()> {
+    if config.subjects.is_empty() {
+        return Ok(());
+    }
+    let horizon = config.retry_horizon();
+    for (name, info) in crate::stream::check_captures(jetstream, &config.subjects).await? {
+        if info.config.duplicate_window < horizon {
+            return Err(Error::Stream {
+                stream: name,
+                reason: format!(
+                    "duplicate window {:?} is shorter than the relay's retry horizon {:?} (backoff_max + ack_timeout): a republished row could be stored twice; raise the stream's duplicate_window or lower backoff_max",
+                    info.config.duplicate_window, horizon
+                ),
+            });
+        }
+    }
+    Ok(())
+}

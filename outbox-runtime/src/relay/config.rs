@@ -1,0 +1,136 @@
+//! [`RelayConfig`]: the relay's settings and the schedules derived from them.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The relay's settings: a server-side configuration, `Default` style. What each one does is
+/// specified in the
+/// repository's `docs/relay.md`.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_runtime::RelayConfig;
+///
+/// let config = RelayConfig {
+///     batch_size: 500,
+///     backoff_max: Duration::from_secs(60),
+///     subjects: vec!["billing.invoice.paid".into()],
+///     ..Default::default()
+/// };
+/// assert_eq!(config.backoff(1), Duration::from_secs(1));
+/// assert_eq!(config.backoff(3), Duration::from_secs(4));
+/// assert_eq!(config.backoff(30), Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// Rows claimed per batch. Default 500: per-batch costs are amortised over more rows while
+    /// a batch stays a few milliseconds of row locks (docs/performance.md).
+    pub batch_size: usize,
+    /// The deadline for all publishes and acks of one batch. Default 5 s.
+    pub ack_timeout: Duration,
+    /// The wait after the first failure; it doubles with each consecutive failure. Default 1 s.
+    pub backoff_base: Duration,
+    /// The longest wait between retries. Default 5 min.
+    pub backoff_max: Duration,
+    /// Attempts after which a row is left alone and its subject held. Default 20.
+    pub max_attempts: i32,
+    /// The fallback poll, for notifications lost while the listener reconnects. Default 5 s.
+    pub poll_interval: Duration,
+    /// Subject partitions of the advisory locks that order subjects across relays; every relay
+    /// on a table must use the same value. Default 1024 (docs/relay.md, *Order*).
+    pub partitions: i32,
+    /// Batch loops this relay runs at once, each on its share of the partitions; the pool
+    /// must allow `lanes + 1` connections. Between 1 and 64, at most `partitions`. Default 2
+    /// (docs/relay.md, *Lanes*).
+    pub lanes: usize,
+    /// NATS subjects (event types) this relay is expected to publish. At start it checks that a
+    /// stream captures each one and that the stream's duplicate window covers
+    /// [`retry_horizon`](Self::retry_horizon). Empty (the default) skips the check.
+    pub subjects: Vec<String>,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            ack_timeout: Duration::from_secs(5),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            max_attempts: 20,
+            poll_interval: Duration::from_secs(5),
+            partitions: 1024,
+            lanes: 2,
+            subjects: Vec::new(),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Checks that every value can work; [`Error::Config`] says which one does not.
+    ///
+    /// ```
+    /// let config = outbox_runtime::RelayConfig { batch_size: 0, ..Default::default() };
+    /// assert!(config.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<()> {
+        let fail = |m: &str| Err(Error::Config(m.to_owned()));
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return fail("relay batch_size must be between 1 and 10000");
+        }
+        if self.ack_timeout.is_zero() {
+            return fail("relay ack_timeout must be greater than zero");
+        }
+        if self.backoff_base.is_zero() {
+            return fail("relay backoff_base must be greater than zero, or a broker outage becomes a hot loop");
+        }
+        if self.backoff_max < self.backoff_base {
+            return fail("relay backoff_max must be at least backoff_base");
+        }
+        if self.max_attempts < 1 {
+            return fail("relay max_attempts must be at least 1");
+        }
+        if self.poll_interval.is_zero() {
+            return fail("relay poll_interval must be greater than zero");
+        }
+        if self.partitions < 1 {
+            return fail("relay partitions must be at least 1");
+        }
+        if self.lanes == 0 || self.lanes > 64 || self.lanes > self.partitions as usize {
+            return fail("relay lanes must be between 1 and 64, and at most partitions");
+        }
+        Ok(())
+    }
+
+    /// The wait after `failures` consecutive failures: `backoff_base * 2^(failures - 1)`, capped
+    /// at `backoff_max` (zero for no failure).
+    pub fn backoff(&self, failures: u32) -> Duration {
+        if failures == 0 {
+            return Duration::ZERO;
+        }
+        let factor = 1u32 << (failures - 1).min(30);
+        self.backoff_base
+            .checked_mul(factor)
+            .unwrap_or(self.backoff_max)
+            .min(self.backoff_max)
+    }
+
+    /// The connections a relay's pool should allow: one per lane, one for `LISTEN` and one for
+    /// the backlog gauges. [`Relay::connect`](crate::Relay::connect) opens a pool of this size;
+    /// [`Relay::new`](crate::Relay::new) refuses a pool of fewer than `lanes + 1`.
+    ///
+    /// ```
+    /// let config = outbox_runtime::RelayConfig { lanes: 2, ..Default::default() };
+    /// assert_eq!(config.pool_size(), 4);
+    /// ```
+    pub fn pool_size(&self) -> u32 {
+        u32::try_from(self.lanes).map_or(u32::MAX, |l| l.saturating_add(2))
+    }
+
+    /// The longest time between two attempts at one row: `backoff_max + ack_timeout`. A
+    /// stream's duplicate window must be at least this long, so that a row whose ack was lost is
+    /// recognised as a duplicate when it is republished.
+    pub fn retry_horizon(&self) -> Duration {
+        self.backoff_max + self.ack_timeout
+    }
+}

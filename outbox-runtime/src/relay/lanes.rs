@@ -1,0 +1,288 @@
+//! Lanes: the batch loops of one relay, each on its share of the subject partitions, and the
+//! decision each makes after a batch (docs/relay.md, *Lanes* and *Wake-up*).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::config::RelayConfig;
+
+/// The share of the subject partitions one batch loop claims from: the partitions `p` with
+/// `p % count == index`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Lane {
+    pub(super) index: i32,
+    pub(super) count: i32,
+}
+
+impl Lane {
+    /// Every partition.
+    pub(super) const ALL: Lane = Lane { index: 0, count: 1 };
+
+    /// The `count` lanes of a relay.
+    pub(super) fn all(count: usize) -> impl Iterator<Item = Lane> {
+        let count = count as i32;
+        (0..count).map(move |index| Lane { index, count })
+    }
+}
+
+/// Whether rows a batch could not take are waiting ([`WAITING`](super::sql::WAITING)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waiting {
+    /// No unpublished row of the lane is claimable but for other transactions' locks.
+    Nothing,
+    /// Some are: held by another transaction (row lock, partition lock, or an older row of
+    /// their subject), or committed after the claim's snapshot.
+    Elsewhere,
+}
+
+/// What a lane's batch came to, as far as the lane's next step is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// It published something.
+    Published,
+    /// It published nothing and some publishes failed (the broker is down).
+    Failed,
+    /// It published and failed nothing; `Waiting` says whether rows it could not take wait.
+    Empty(Waiting),
+    /// The batch itself failed (Postgres, or the start of the transaction).
+    Error,
+}
+
+/// A lane's next step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Claim again at once.
+    Again,
+    /// Other transactions hold the rows this lane could publish (another relay): run one lane
+    /// for a while, and claim again after the pause or at the next announced commit.
+    Contended(Duration),
+    /// The broker or Postgres is failing: claim again after the pause, whatever commits.
+    Backoff(Duration),
+    /// Nothing to do: wait for a commit, the fallback poll or a subject's retry time.
+    Idle,
+}
+
+/// How soon a lane claims again after a batch in which other transactions held every row it
+/// could have published; it doubles while that lasts, up to the poll interval.
+const CONTENDED_RETRY: Duration = Duration::from_millis(10);
+
+/// The consecutive failures and contended batches of one lane.
+#[derive(Debug, Default)]
+pub(super) struct LaneState {
+    failures: u32,
+    contended: u32,
+}
+
+impl LaneState {
+    /// The step after a batch with `outcome`; `commit_seen` says whether a commit was
+    /// announced while it ran (the waiting rows may then be that commit's).
+    pub(super) fn next(
+        &mut self,
+        outcome: Outcome,
+        commit_seen: bool,
+        config: &RelayConfig,
+    ) -> Next {
+        match outcome {
+            Outcome::Published => {
+                self.failures = 0;
+                self.contended = 0;
+                Next::Again
+            }
+            Outcome::Failed | Outcome::Error => {
+                self.failures = self.failures.saturating_add(1);
+                Next::Backoff(config.backoff(self.failures))
+            }
+            Outcome::Empty(Waiting::Elsewhere) if commit_seen => Next::Again,
+            Outcome::Empty(Waiting::Elsewhere) => {
+                let wait = CONTENDED_RETRY.saturating_mul(1 << self.contended.min(16));
+                self.contended = self.contended.saturating_add(1);
+                Next::Contended(wait.min(config.poll_interval))
+            }
+            Outcome::Empty(Waiting::Nothing) => {
+                self.contended = 0;
+                Next::Idle
+            }
+        }
+    }
+}
+
+/// How long a relay with several lanes runs one lane only after it last found rows held by
+/// another transaction: lanes of several relays compete for the same rows.
+const SHARING_HOLD: Duration = Duration::from_secs(10);
+
+/// Whether this relay shares the table with another relay, and the gate that keeps an
+/// all-partition batch from running beside the relay's own lane batches.
+#[derive(Debug)]
+pub(super) struct Sharing {
+    until: Mutex<Option<Instant>>,
+    /// Read by each lane batch, written by an all-partition batch.
+    pub(super) gate: tokio::sync::RwLock<()>,
+}
+
+impl Default for Sharing {
+    fn default() -> Self {
+        Sharing {
+            until: Mutex::new(None),
+            gate: tokio::sync::RwLock::new(()),
+        }
+    }
+}
+
+impl Sharing {
+    /// Until when the relay runs one lane, if that is still ahead.
+    pub(super) fn until(&self) -> Option<Instant> {
+        let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
+        until.filter(|t| *t > Instant::now())
+    }
+
+    /// Another relay's locks were just found: run one lane for the next [`SHARING_HOLD`].
+    pub(super) fn found_another_relay(&self) {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + SHARING_HOLD);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RelayConfig {
+        RelayConfig {
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(4),
+            poll_interval: Duration::from_secs(5),
+            ..RelayConfig::default()
+        }
+    }
+
+    fn run(steps: &[(Outcome, bool)]) -> Vec<Next> {
+        let mut state = LaneState::default();
+        steps
+            .iter()
+            .map(|&(o, seen)| state.next(o, seen, &config()))
+            .collect()
+    }
+
+    const ELSEWHERE: Outcome = Outcome::Empty(Waiting::Elsewhere);
+    const NOTHING: Outcome = Outcome::Empty(Waiting::Nothing);
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+    const fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn a_batch_that_published_claims_again_at_once() {
+        assert_eq!(run(&[(Outcome::Published, false)]), [Next::Again]);
+        assert_eq!(run(&[(Outcome::Published, true)]), [Next::Again]);
+    }
+
+    #[test]
+    fn failures_back_off_on_the_schedule_and_a_publish_resets_it() {
+        use Outcome::*;
+        assert_eq!(
+            run(&[
+                (Failed, false),
+                (Error, true),
+                (Failed, false),
+                (Error, false),
+                (Error, false),
+                (Published, false),
+                (Failed, false)
+            ]),
+            [
+                Next::Backoff(s(1)),
+                Next::Backoff(s(2)),
+                Next::Backoff(s(4)),
+                Next::Backoff(s(4)),
+                Next::Backoff(s(4)),
+                Next::Again,
+                Next::Backoff(s(1))
+            ]
+        );
+    }
+
+    #[test]
+    fn rows_held_elsewhere_are_retried_soon_doubling_up_to_the_poll() {
+        let steps = [(ELSEWHERE, false); 12];
+        let nexts = run(&steps);
+        assert_eq!(
+            &nexts[..4],
+            [
+                Next::Contended(ms(10)),
+                Next::Contended(ms(20)),
+                Next::Contended(ms(40)),
+                Next::Contended(ms(80))
+            ]
+        );
+        assert_eq!(nexts[9], Next::Contended(ms(5120).min(s(5))));
+        assert_eq!(nexts[11], Next::Contended(s(5)));
+    }
+
+    #[test]
+    fn rows_waiting_after_an_announced_commit_are_claimed_at_once() {
+        assert_eq!(
+            run(&[(ELSEWHERE, false), (ELSEWHERE, true), (ELSEWHERE, false)]),
+            [
+                Next::Contended(ms(10)),
+                Next::Again,
+                Next::Contended(ms(20))
+            ],
+            "a commit seen does not reset the contention"
+        );
+    }
+
+    #[test]
+    fn an_empty_lane_is_idle_and_resets_the_contention() {
+        assert_eq!(
+            run(&[
+                (ELSEWHERE, false),
+                (ELSEWHERE, false),
+                (NOTHING, false),
+                (ELSEWHERE, false),
+                (NOTHING, true)
+            ]),
+            [
+                Next::Contended(ms(10)),
+                Next::Contended(ms(20)),
+                Next::Idle,
+                Next::Contended(ms(10)),
+                Next::Idle
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failure_does_not_reset_the_contention_and_contention_does_not_reset_failures() {
+        use Outcome::*;
+        assert_eq!(
+            run(&[
+                (ELSEWHERE, false),
+                (Failed, false),
+                (ELSEWHERE, false),
+                (Failed, false)
+            ]),
+            [
+                Next::Contended(ms(10)),
+                Next::Backoff(s(1)),
+                Next::Contended(ms(20)),
+                Next::Backoff(s(2))
+            ]
+        );
+    }
+
+    #[test]
+    fn lanes_split_the_partitions() {
+        let lanes: Vec<Lane> = Lane::all(3).collect();
+        assert_eq!(
+            lanes,
+            [
+                Lane { index: 0, count: 3 },
+                Lane { index: 1, count: 3 },
+                Lane { index: 2, count: 3 }
+            ]
+        );
+    }
+}

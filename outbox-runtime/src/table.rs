@@ -1,0 +1,47 @@
+//! The tables the crate reads and writes, each with the migration that creates it, so that a
+//! missing table is reported as such.
+
+use crate::error::Error;
+
+/// A table of the outbox's migrations.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Table {
+    /// Its name.
+    pub(crate) name: &'static str,
+    /// The migration (under `migrations/`) that creates it.
+    pub(crate) migration: &'static str,
+}
+
+/// The outbox table.
+pub(crate) const OUTBOX_EVENTS: Table = Table {
+    name: "outbox_events",
+    migration: "0001_outbox_events.sql",
+};
+
+/// The consumers' dedupe table.
+pub(crate) const OUTBOX_CONSUMED: Table = Table {
+    name: "outbox_consumed",
+    migration: "0002_outbox_consumer.sql",
+};
+
+/// The consumers' per-subject positions.
+pub(crate) const SUBJECT_POSITIONS: Table = Table {
+    name: "outbox_subject_positions",
+    migration: "0002_outbox_consumer.sql",
+};
+
+impl Table {
+    /// `e`, with "relation does not exist" turned into [`Error::MissingTable`] naming this
+    /// table's migration.
+    pub(crate) fn error(&self, e: sqlx::Error) -> Error {
+        if let sqlx::Error::Database(db) = &e {
+            if db.code().as_deref() == Some("42P01") {
+                return Error::MissingTable {
+                    table: self.name,
+                    migration: self.migration,
+                };
+            }
+        }
+        Error::Database(e)
+    }
+}
