@@ -11,7 +11,8 @@ use serde_json::{Map, Value};
 use typify::{TypeSpace, TypeSpaceSettings};
 
 use crate::error::{Error, Result};
-use crate::schema::{self, escape_token, EventSchema};
+use crate::schema::{self, EventSchema};
+use outbox_schema::pointer::escape_token;
 
 /// The default name of the generated file in `OUT_DIR`.
 pub const DEFAULT_OUT_FILE: &str = "outbox_events.rs";

@@ -151,9 +151,13 @@
 //! [`schema::load_event`] / [`schema::load_dir`] load and check schemas for other tools (the
 //! derive uses them).
 mod codegen;
-pub mod error;
-pub mod naming;
-pub mod schema;
+
+pub use outbox_schema::{error, naming};
+
+/// Loading and checking event schemas, from `outbox-schema` (the derive uses the same crate).
+pub mod schema {
+    pub use outbox_schema::{load_dir, load_event, schema_files, EventSchema};
+}
 
 pub use codegen::{check, compile, Config, DEFAULT_OUT_FILE};
 pub use error::{Error, Result};

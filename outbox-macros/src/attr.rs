@@ -124,7 +124,7 @@ impl Attrs {
         match &self.event_type {
             Some(lit) => {
                 let value = lit.value();
-                if let Err(why) = outbox_codegen::naming::check_event_type(&value) {
+                if let Err(why) = outbox_schema::naming::check_event_type(&value) {
                     cx.error_spanned_by(lit, format!("invalid event type `{value}`: {why}"));
                     self.event_type = None;
                 }

@@ -1,29 +1,4 @@
-//! Loading and checking event schemas: one `<event_type>.schema.json` file in, one
-//! self-contained [`EventSchema`] out.
-//!
-//! What is checked (every rule of `docs/event-naming.md` that a file can break):
-//!
-//! - the file name is `<event_type>.schema.json` with a valid event type
-//!   ([`naming::check_event_type`]);
-//! - the file is JSON and a valid JSON Schema, draft 2020-12 (the default when `$schema` is
-//!   absent) or draft-07, by meta-schema validation;
-//! - the root schema is `"type": "object"` (an event payload is an object);
-//! - `title` exists and is a Rust type name ([`naming::check_type_name`]); [`load_dir`] also
-//!   checks that no two schemas share a title;
-//! - `x-outbox-subject`, when present, names a required property of type `string` (any format,
-//!   e.g. `uuid`) or `integer`;
-//! - every `$ref` resolves: local ones (`#/$defs/..`, `#/definitions/..`) to a value in the
-//!   same file, relative ones (`defs/common.json#/$defs/Money`) to a value in another file
-//!   under the schema folder. Remote (`http:`, `https:`, `urn:` ...) references are refused.
-//!
-//! Cross-file references are inlined: the referenced value is copied into the root's `$defs`
-//! under the last segment of its pointer (or the referenced file's `title` when the reference
-//! names a whole file) and the `$ref` is rewritten to `#/$defs/<Name>`. References inside the
-//! copied values are resolved the same way, relative to the file they were written in.
-//!
-//! Shared definition files are the `.json` files of the schema folder that are not
-//! `<event_type>.schema.json` files directly in it (for example `defs/common.json`). They are
-//! read only when a schema refers to them.
+//! Loading one event schema ([`load_event`]) or a folder of them ([`load_dir`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -33,6 +8,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::naming;
+use crate::pointer::{encode_pointer, encode_token, escape_token, percent_decode, unescape_token};
 
 /// One event schema, loaded, checked and made self-contained.
 #[derive(Debug, Clone, PartialEq)]
@@ -122,7 +98,7 @@ impl Draft {
 ///     }"#,
 /// )?;
 ///
-/// let event = outbox_codegen::schema::load_event(&path, dir.path())?;
+/// let event = outbox_schema::load_event(&path, dir.path())?;
 /// assert_eq!(event.event_type, "billing.invoice.paid");
 /// assert_eq!(event.title, "InvoicePaid");
 /// assert_eq!(event.subject.as_deref(), Some("invoice_id"));
@@ -290,7 +266,7 @@ pub fn load_event(path: &Path, root: &Path) -> Result<EventSchema> {
 ///         format!(r#"{{ "title": "{title}", "type": "object" }}"#),
 ///     )?;
 /// }
-/// let events = outbox_codegen::schema::load_dir(dir.path())?;
+/// let events = outbox_schema::load_dir(dir.path())?;
 /// let types: Vec<_> = events.iter().map(|e| e.event_type.as_str()).collect();
 /// assert_eq!(types, ["a.b.created", "a.b.deleted"]);
 /// # Ok(()) }
@@ -785,55 +761,6 @@ fn normalize(path: &Path) -> PathBuf {
         }
     }
     out
-}
-
-/// Escapes one JSON pointer token (RFC 6901).
-pub(crate) fn escape_token(token: &str) -> String {
-    token.replace('~', "~0").replace('/', "~1")
-}
-
-fn unescape_token(token: &str) -> String {
-    token.replace("~1", "/").replace("~0", "~")
-}
-
-/// A pointer token ready for a `$ref` URI fragment.
-fn encode_token(token: &str) -> String {
-    percent_encode(&escape_token(token))
-}
-
-fn encode_pointer(pointer: &str) -> String {
-    percent_encode(pointer)
-}
-
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"/-._~$!&'()*+,;=:@".contains(&byte) {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-            if let Ok(byte) = u8::from_str_radix(hex, 16) {
-                out.push(byte);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
