@@ -26,10 +26,18 @@
 //! `<event_type>.schema.json` files directly in it (for example `defs/common.json`). They are
 //! read only when a schema refers to them.
 
+mod draft;
 pub mod error;
+#[cfg(test)]
+mod fixture;
 mod load;
 pub mod naming;
 pub mod pointer;
+mod read;
+mod reference;
+mod resolve;
+mod rules;
+mod subject;
 
 pub use error::{Error, Result};
 pub use load::{load_dir, load_event, schema_files, EventSchema};
