@@ -211,9 +211,9 @@ mod tests {
     use super::*;
 
     fn parse(attrs: Vec<Attribute>) -> (Attrs, Vec<String>) {
-        let cx = Ctxt::default();
+        let cx = Ctxt::new();
         let a = Attrs::from_attrs(&cx, &attrs, Span::call_site());
-        let errors = cx.into_errors().iter().map(ToString::to_string).collect();
+        let errors = cx.messages();
         (a, errors)
     }
 

@@ -541,7 +541,7 @@ mod tests {
     use serde_json::json;
 
     fn errors(input: syn::DeriveInput, schema: Value) -> Vec<String> {
-        let cx = Ctxt::default();
+        let cx = Ctxt::new();
         let cont = Container::from_ast(&cx, &input).expect("a struct");
         let attrs = Attrs::from_attrs(&cx, cont.attrs, cont.ident_span());
         let et = attrs.event_type.clone().expect("event type");
@@ -558,7 +558,7 @@ mod tests {
             "e.schema.json",
             subject.as_deref(),
         );
-        cx.into_errors().iter().map(ToString::to_string).collect()
+        cx.messages()
     }
 
     fn schema() -> Value {

@@ -60,9 +60,9 @@ pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
 }
 
 fn derive(input: &DeriveInput) -> proc_macro2::TokenStream {
-    let cx = Ctxt::default();
+    let cx = Ctxt::new();
     let Some(cont) = Container::from_ast(&cx, input) else {
-        return to_compile_errors(cx.into_errors());
+        return compile_errors(cx.check());
     };
     let attrs = Attrs::from_attrs(&cx, cont.attrs, cont.ident_span());
     let mut output = None;
@@ -88,17 +88,19 @@ fn derive(input: &DeriveInput) -> proc_macro2::TokenStream {
             }
         }
     }
-    match output {
-        Some(tokens) => tokens,
-        None => {
-            let stub = expand::stub(&cont, &attrs);
-            let mut tokens = to_compile_errors(cx.into_errors());
-            tokens.extend(stub);
+    match (cx.check(), output) {
+        (Ok(()), Some(tokens)) => tokens,
+        (result, _) => {
+            let mut tokens = compile_errors(result);
+            tokens.extend(expand::stub(&cont, &attrs));
             tokens
         }
     }
 }
 
-fn to_compile_errors(errors: Vec<syn::Error>) -> proc_macro2::TokenStream {
-    errors.iter().map(syn::Error::to_compile_error).collect()
+/// One `compile_error!` for each error collected.
+fn compile_errors(result: syn::Result<()>) -> proc_macro2::TokenStream {
+    result
+        .err()
+        .map_or_else(proc_macro2::TokenStream::new, |e| e.to_compile_error())
 }
