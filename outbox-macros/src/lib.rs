@@ -31,17 +31,21 @@
 //! attribute literal to change.
 //!
 //! The derive is staged like serde's: `ast` (the struct and its serde attributes), `attr` (the
-//! `#[outbox(..)]` keys), `schema` (loading), `check` (struct against schema), `expand`.
-//! Errors are collected across stages; with any error, the output is the errors plus a stub
-//! impl, so the user sees the real errors and nothing that follows from them.
+//! `#[outbox(..)]` keys), `schema` (loading, through `outbox-schema`), `check` (struct against
+//! schema, one rule per method of `Checker`; `compat` for types, `suggest` for the words of
+//! its messages), `expand`. Errors are collected across stages in a `Ctxt`, checked once at
+//! the end; with any error, the output is the errors plus a stub impl, so the user sees the
+//! real errors and nothing that follows from them.
 
 mod ast;
 mod attr;
 mod check;
+mod compat;
 mod ctxt;
 mod expand;
 mod json;
 mod schema;
+mod suggest;
 mod ty;
 
 use proc_macro::TokenStream;
@@ -49,6 +53,7 @@ use syn::DeriveInput;
 
 use crate::ast::Container;
 use crate::attr::Attrs;
+use crate::check::{Checker, Schema};
 use crate::ctxt::Ctxt;
 
 /// Derives `outbox_runtime::OutboxEvent` (and `outbox_runtime::EmitEvent` unless
@@ -68,15 +73,12 @@ fn derive(input: &DeriveInput) -> proc_macro2::TokenStream {
     let mut output = None;
     if let Some(event_type) = &attrs.event_type {
         if let Some(loaded) = schema::load(&cx, &attrs, event_type) {
-            let checked = check::check(
-                &cx,
-                &cont,
-                &attrs,
-                event_type,
+            let schema = Schema::new(
                 &loaded.schema.resolved,
                 &loaded.shown,
                 loaded.schema.subject.as_deref(),
             );
+            let checked = Checker::new(&cx, &cont, &attrs, event_type, schema).check();
             if !cx.has_errors() {
                 output = Some(expand::expand(
                     &cont,
