@@ -150,11 +150,21 @@
 //! [`Config::generate`] returns the Rust without writing it (`outbox gen` prints it), and
 //! [`schema::load_event`] / [`schema::load_dir`] load and check schemas for other tools (the
 //! derive uses them).
-mod codegen;
-pub mod error;
-pub mod naming;
-pub mod schema;
+mod config;
+mod decorate;
+mod output;
+mod pattern;
+mod typify_driver;
+mod typify_input;
 
-pub use codegen::{check, compile, Config, DEFAULT_OUT_FILE};
+pub use outbox_schema::{error, naming};
+
+/// Loading and checking event schemas, from `outbox-schema` (the derive uses the same crate).
+pub mod schema {
+    pub use outbox_schema::{load_dir, load_event, schema_files, EventSchema};
+}
+
+pub use config::{check, compile, Config};
 pub use error::{Error, Result};
+pub use output::DEFAULT_OUT_FILE;
 pub use schema::{load_dir, load_event, EventSchema};

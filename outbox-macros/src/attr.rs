@@ -124,7 +124,7 @@ impl Attrs {
         match &self.event_type {
             Some(lit) => {
                 let value = lit.value();
-                if let Err(why) = outbox_codegen::naming::check_event_type(&value) {
+                if let Err(why) = outbox_schema::naming::check_event_type(&value) {
                     cx.error_spanned_by(lit, format!("invalid event type `{value}`: {why}"));
                     self.event_type = None;
                 }
@@ -211,9 +211,9 @@ mod tests {
     use super::*;
 
     fn parse(attrs: Vec<Attribute>) -> (Attrs, Vec<String>) {
-        let cx = Ctxt::default();
+        let cx = Ctxt::new();
         let a = Attrs::from_attrs(&cx, &attrs, Span::call_site());
-        let errors = cx.into_errors().iter().map(ToString::to_string).collect();
+        let errors = cx.messages();
         (a, errors)
     }
 

@@ -31,17 +31,21 @@
 //! attribute literal to change.
 //!
 //! The derive is staged like serde's: `ast` (the struct and its serde attributes), `attr` (the
-//! `#[outbox(..)]` keys), `schema` (loading), `check` (struct against schema), `expand`.
-//! Errors are collected across stages; with any error, the output is the errors plus a stub
-//! impl, so the user sees the real errors and nothing that follows from them.
+//! `#[outbox(..)]` keys), `schema` (loading, through `outbox-schema`), `check` (struct against
+//! schema, one rule per method of `Checker`; `compat` for types, `suggest` for the words of
+//! its messages), `expand`. Errors are collected across stages in a `Ctxt`, checked once at
+//! the end; with any error, the output is the errors plus a stub impl, so the user sees the
+//! real errors and nothing that follows from them.
 
 mod ast;
 mod attr;
 mod check;
+mod compat;
 mod ctxt;
 mod expand;
 mod json;
 mod schema;
+mod suggest;
 mod ty;
 
 use proc_macro::TokenStream;
@@ -49,6 +53,7 @@ use syn::DeriveInput;
 
 use crate::ast::Container;
 use crate::attr::Attrs;
+use crate::check::{Checker, Schema};
 use crate::ctxt::Ctxt;
 
 /// Derives `outbox_runtime::OutboxEvent` (and `outbox_runtime::EmitEvent` unless
@@ -60,23 +65,20 @@ pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
 }
 
 fn derive(input: &DeriveInput) -> proc_macro2::TokenStream {
-    let cx = Ctxt::default();
+    let cx = Ctxt::new();
     let Some(cont) = Container::from_ast(&cx, input) else {
-        return to_compile_errors(cx.into_errors());
+        return compile_errors(cx.check());
     };
     let attrs = Attrs::from_attrs(&cx, cont.attrs, cont.ident_span());
     let mut output = None;
     if let Some(event_type) = &attrs.event_type {
         if let Some(loaded) = schema::load(&cx, &attrs, event_type) {
-            let checked = check::check(
-                &cx,
-                &cont,
-                &attrs,
-                event_type,
+            let schema = Schema::new(
                 &loaded.schema.resolved,
                 &loaded.shown,
                 loaded.schema.subject.as_deref(),
             );
+            let checked = Checker::new(&cx, &cont, &attrs, event_type, schema).check();
             if !cx.has_errors() {
                 output = Some(expand::expand(
                     &cont,
@@ -88,17 +90,19 @@ fn derive(input: &DeriveInput) -> proc_macro2::TokenStream {
             }
         }
     }
-    match output {
-        Some(tokens) => tokens,
-        None => {
-            let stub = expand::stub(&cont, &attrs);
-            let mut tokens = to_compile_errors(cx.into_errors());
-            tokens.extend(stub);
+    match (cx.check(), output) {
+        (Ok(()), Some(tokens)) => tokens,
+        (result, _) => {
+            let mut tokens = compile_errors(result);
+            tokens.extend(expand::stub(&cont, &attrs));
             tokens
         }
     }
 }
 
-fn to_compile_errors(errors: Vec<syn::Error>) -> proc_macro2::TokenStream {
-    errors.iter().map(syn::Error::to_compile_error).collect()
+/// One `compile_error!` for each error collected.
+fn compile_errors(result: syn::Result<()>) -> proc_macro2::TokenStream {
+    result
+        .err()
+        .map_or_else(proc_macro2::TokenStream::new, |e| e.to_compile_error())
 }

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use outbox_codegen::schema::{load_event, EventSchema};
+use outbox_schema::{load_event, EventSchema};
 use syn::LitStr;
 
 use crate::attr::Attrs;
@@ -26,7 +26,7 @@ pub(crate) fn locate(manifest_dir: &Path, event_type: &str, schema: Option<&str>
         None => manifest_dir
             .join("schemas")
             .join("events")
-            .join(outbox_codegen::naming::schema_file_name(event_type)),
+            .join(outbox_schema::naming::schema_file_name(event_type)),
     }
 }
 
@@ -102,7 +102,7 @@ pub(crate) fn load(cx: &Ctxt, attrs: &Attrs, event_type: &LitStr) -> Option<Load
                  `{}`",
                 schema.event_type,
                 schema.event_type,
-                outbox_codegen::naming::schema_file_name(&event_type_text)
+                outbox_schema::naming::schema_file_name(&event_type_text)
             ),
         );
         return None;

@@ -1,4 +1,5 @@
-//! The crate's one error type.
+//! The crate's one error type. `outbox-codegen` re-exports it as its own: a build reports the
+//! problems of the schemas and of the generation in one list.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -71,7 +72,7 @@ impl Error {
     /// as itself.
     ///
     /// ```
-    /// use outbox_codegen::Error;
+    /// use outbox_schema::Error;
     ///
     /// let many = Error::Many(vec![Error::Config("a".into()), Error::Config("b".into())]);
     /// assert_eq!(many.into_list().len(), 2);

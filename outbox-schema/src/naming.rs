@@ -13,7 +13,7 @@ pub const SUBJECT_KEYWORD: &str = "x-outbox-subject";
 /// The error says what is wrong in words that fit after "invalid event type `x`: ".
 ///
 /// ```
-/// use outbox_codegen::naming::check_event_type;
+/// use outbox_schema::naming::check_event_type;
 ///
 /// assert!(check_event_type("billing.subscription.created").is_ok());
 /// assert!(check_event_type("billing.subscription.created.v2").is_ok());
@@ -96,7 +96,7 @@ fn check_token(token: &str) -> Result<(), &'static str> {
 /// not a keyword.
 ///
 /// ```
-/// use outbox_codegen::naming::check_type_name;
+/// use outbox_schema::naming::check_type_name;
 ///
 /// assert!(check_type_name("SubscriptionCreated").is_ok());
 /// assert!(check_type_name("subscription created").is_err());
