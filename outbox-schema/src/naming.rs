@@ -7,8 +7,12 @@ pub const SCHEMA_SUFFIX: &str = ".schema.json";
 /// The schema keyword that names the subject property.
 pub const SUBJECT_KEYWORD: &str = "x-outbox-subject";
 
+/// The longest event type, in bytes: a NATS subject must fit the server's control line
+/// (4 KiB) with room to spare, and no sensible type comes near it.
+pub const MAX_EVENT_TYPE_LEN: usize = 255;
+
 /// Checks an event type: `<domain>.<entity>.<action>` with an optional `.v<N>` (N >= 2) suffix;
-/// tokens are lowercase ASCII `[a-z][a-z0-9_]*`.
+/// tokens are lowercase ASCII `[a-z][a-z0-9_]*`; at most [`MAX_EVENT_TYPE_LEN`] bytes.
 ///
 /// The error says what is wrong in words that fit after "invalid event type `x`: ".
 ///
@@ -19,8 +23,15 @@ pub const SUBJECT_KEYWORD: &str = "x-outbox-subject";
 /// assert!(check_event_type("billing.subscription.created.v2").is_ok());
 /// assert!(check_event_type("billing.subscription").is_err());
 /// assert!(check_event_type("billing.*.created").is_err());
+/// assert!(check_event_type(&format!("a.b.{}", "c".repeat(300))).is_err());
 /// ```
 pub fn check_event_type(event_type: &str) -> Result<(), String> {
+    if event_type.len() > MAX_EVENT_TYPE_LEN {
+        return Err(format!(
+            "it has {} bytes; an event type has at most {MAX_EVENT_TYPE_LEN}",
+            event_type.len()
+        ));
+    }
     if event_type.is_empty() {
         return Err("it is empty; expected `<domain>.<entity>.<action>`".into());
     }
