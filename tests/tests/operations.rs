@@ -2,37 +2,22 @@
 //! held and then unblocked (same id, order kept), and retention pruning under load without
 //! ever deleting an unpublished row.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, open_schemas, Ctx, NatsServer};
 use outbox_runtime::status::{status, unblock, Unblock};
-use outbox_runtime::{
-    retention, EmitExt, RawEvent, Relay, RelayConfig, Schemas, StorageType, StreamSpec,
+use outbox_runtime::{retention, Relay, RelayConfig, Schemas, StorageType, StreamSpec};
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{
+    emit_committed, eventually, free_port, open_schemas, raw_event, run_relay, NatsServer,
 };
-use serde_json::json;
 use uuid::Uuid;
 
+/// Emits and commits an event of `event_type` from `ops` about `subject`, payload `{"n": n}`.
 async fn emit(ctx: &Ctx, schemas: &Schemas, event_type: &str, subject: &str, n: i64) -> Uuid {
-    let mut tx = ctx.pool().begin().await.expect("begin");
-    let id = tx
-        .emit_raw(
-            schemas,
-            RawEvent {
-                event_type: event_type.to_owned(),
-                source: "ops".into(),
-                subject: subject.to_owned(),
-                time: None,
-                data: json!({ "n": n }),
-            },
-        )
-        .await
-        .expect("emit");
-    tx.commit().await.expect("commit");
-    id
+    let event = raw_event(event_type, "ops", subject).numbered(n);
+    emit_committed(ctx.pool(), schemas, event).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,7 +47,7 @@ async fn status_shows_an_outage_then_a_capped_row_which_unblock_publishes_with_i
             .await
             .expect("relay"),
     );
-    let (stop, task) = common::run_relay(relay.clone());
+    let (stop, task) = run_relay(relay.clone());
 
     let before = emit(&ctx, &schemas, &event_type, "a", 0).await;
     eventually(
@@ -209,7 +194,7 @@ async fn retention_under_load_prunes_spent_rows_and_never_an_unpublished_one() {
             .await
             .expect("relay"),
     );
-    let (stop, task) = common::run_relay(relay);
+    let (stop, task) = run_relay(relay);
     // Retention as aggressive as it can be: every published row is spent at once.
     let pruning = {
         let pool = ctx.pool().clone();
@@ -309,7 +294,7 @@ async fn retention_keeps_rows_inside_the_window_and_counts_a_dry_run() {
 async fn a_prune_batch_below_one_is_refused_before_any_statement() {
     // a pool that has never connected, to a port nothing listens on: a statement would fail
     // with a connection error, so a configuration error shows that none was sent
-    let url = format!("postgres://root@127.0.0.1:{}/test", common::free_port());
+    let url = format!("postgres://root@127.0.0.1:{}/test", free_port());
     let pool = sqlx::postgres::PgPoolOptions::new()
         .connect_lazy(&url)
         .expect("a lazy pool");
