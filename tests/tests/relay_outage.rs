@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outbox_runtime::{Relay, RelayConfig, StorageType, StreamSpec};
 use outbox_testkit::suite::Ctx;
-use outbox_testkit::{emit_committed, eventually, open_schemas, raw_event, NatsServer};
+use outbox_testkit::{emit_committed, eventually, open_schemas, raw_event, run_relay, NatsServer};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -52,17 +52,7 @@ async fn a_broker_outage_backs_off_and_drains_in_order_after_restart() {
             .await
             .unwrap(),
     );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = {
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        })
-    };
+    let (stop, running) = run_relay(relay.clone());
 
     let mut expected: HashMap<String, Vec<Uuid>> = HashMap::new();
     let (pool, schemas, paid) = (ctx.pool(), &schemas, &paid);
@@ -122,7 +112,7 @@ async fn a_broker_outage_backs_off_and_drains_in_order_after_restart() {
     .await;
     let window = stopped_at.elapsed();
     stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.await.unwrap();
 
     // Count the attempts: each failed publish added one to its row.
     let per_subject: Vec<(String, i64)> = sqlx::query_as(

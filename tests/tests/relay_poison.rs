@@ -7,7 +7,7 @@ use std::time::Duration;
 use outbox_runtime::{Relay, RelayConfig, StorageType, StreamSpec};
 use outbox_testkit::suite::Ctx;
 use outbox_testkit::{
-    emit_committed, eventually, open_schemas, raw_event, read_stream, unique_token,
+    emit_committed, eventually, open_schemas, raw_event, read_stream, run_relay, unique_token,
 };
 use serde_json::json;
 use sqlx::PgPool;
@@ -110,17 +110,7 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
         .await
         .unwrap(),
     );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = {
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        })
-    };
+    let (stop, running) = run_relay(relay.clone());
     eventually(
         Duration::from_secs(30),
         "both refused events at the cap",
@@ -137,7 +127,7 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
     )
     .await;
     stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.await.unwrap();
 
     // Past the cap the rows are left alone, reported, and their subjects stay held.
     let report = relay.run_once().await.unwrap();
