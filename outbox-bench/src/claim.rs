@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use outbox_runtime::{Relay, RelayConfig};
+use outbox_testkit::TestDb;
 use uuid::Uuid;
 
-use crate::common::{self, BenchDb, BenchStream};
+use crate::common::{self, BenchStream};
 
 /// The relay's default batch size.
 fn batch() -> i64 {
@@ -27,7 +28,7 @@ fn batch() -> i64 {
 
 struct Table {
     label: &'static str,
-    db: BenchDb,
+    db: TestDb,
     relay: Relay,
     claim: Vec<f64>,
     publish: Vec<f64>,
@@ -52,7 +53,7 @@ async fn bench(quick: bool) {
     );
     let mut tables = Vec::new();
     for (label, rows) in [("empty", 0), ("full", history)] {
-        let db = BenchDb::new().await;
+        let db = common::database().await;
         if rows > 0 {
             let took = common::fill_published(
                 &db.pool,
@@ -67,9 +68,9 @@ async fn bench(quick: bool) {
                 took.as_secs_f64()
             );
         }
-        db.vacuum().await;
+        common::vacuum(&db).await;
         let relay = Relay::new(
-            db.pool(4).await,
+            db.new_pool(4).await,
             jetstream::new(common::connect_nats().await),
             RelayConfig {
                 subjects: stream.event_types(),
@@ -131,7 +132,7 @@ async fn bench(quick: bool) {
 
 async fn sample(t: &mut Table, prefix: &str) {
     common::fill_backlog(&t.db.pool, prefix, batch(), 1_000).await;
-    t.db.vacuum().await;
+    common::vacuum(&t.db).await;
     let started = Instant::now();
     let mut claim = t.relay.claim().await.expect("claim");
     let claimed = started.elapsed();

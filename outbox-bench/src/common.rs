@@ -1,30 +1,18 @@
-//! What the modes share: the command line, a fresh database, a private stream, the benchmark
-//! payload, and statistics.
+//! What the modes share: the command line, a fresh database (the test kit's), a private
+//! stream, the benchmark payload, and statistics.
 //!
-//! Defaults: `DATABASE_URL=postgres://root@127.0.0.1/test`, `NATS_URL=nats://127.0.0.1:4222`.
+//! Defaults (the test kit's): `DATABASE_URL=postgres://root@127.0.0.1/test`,
+//! `NATS_URL=nats://127.0.0.1:4222`.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_nats::jetstream;
 use outbox_runtime::{StorageType, StreamSpec};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool};
-
-const START_SERVICES: &str = "start it with `scripts/services`";
+use outbox_testkit::{database_url, nats_url, unique_name, TestDb};
+use sqlx::PgPool;
 
 /// The schema of the benchmark payload (`bench.order.placed`), for untyped emits.
 pub const ORDER_SCHEMA: &str = include_str!("../schemas/events/bench.order.placed.schema.json");
-
-/// `DATABASE_URL`, or the local default.
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://root@127.0.0.1/test".into())
-}
-
-/// `NATS_URL`, or the local default.
-pub fn nats_url() -> String {
-    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
-}
 
 /// Whether `--quick` was given (smaller sizes, for a smoke run).
 pub fn quick() -> bool {
@@ -55,121 +43,38 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// A name unique to this run: `b` and 12 lowercase hex digits (a valid subject token).
 pub fn unique_token() -> String {
-    let id = uuid::Uuid::now_v7().simple().to_string();
-    format!("b{}", &id[id.len() - 12..])
+    unique_name("b")
 }
 
-/// A database of its own, with the outbox migrations applied; dropped when this is dropped.
-pub struct BenchDb {
-    /// A pool on the database (8 connections).
-    pub pool: PgPool,
-    /// Connection options of the database.
-    pub options: PgConnectOptions,
-    name: String,
-    admin: PgConnectOptions,
-}
-
-impl BenchDb {
-    /// Creates the database on the server of `DATABASE_URL` and migrates it.
-    pub async fn new() -> BenchDb {
-        let url = database_url();
-        let admin = PgConnectOptions::from_str(&url).expect("DATABASE_URL is a postgres URL");
-        let mut conn = admin.connect().await.unwrap_or_else(|e| {
-            panic!(
-                "cannot connect to Postgres at {url}: {e}; {START_SERVICES} (or set DATABASE_URL)"
-            )
-        });
-        let name = format!("outbox_bench_{}", unique_token());
-        sqlx::query(&format!("create database {name}"))
-            .execute(&mut conn)
-            .await
-            .expect("create the benchmark database");
-        conn.close().await.ok();
-        let options = admin.clone().database(&name);
-        let db = BenchDb {
-            pool: pool(&options, 8).await,
-            options,
-            name,
-            admin,
-        };
-        outbox_runtime::migrate(&db.pool)
-            .await
-            .expect("apply the outbox migrations");
-        db
-    }
-
-    /// Another pool on the database, of `max` connections (a relay's own, as in a process).
-    pub async fn pool(&self, max: u32) -> PgPool {
-        pool(&self.options, max).await
-    }
-
-    /// Empties `outbox_events`.
-    pub async fn truncate(&self) {
-        sqlx::query("truncate outbox_events")
-            .execute(&self.pool)
-            .await
-            .expect("truncate outbox_events");
-    }
-
-    /// `vacuum analyze outbox_events` (the server may run with autovacuum off; the benchmarks
-    /// measure a table in the state autovacuum would keep it in).
-    pub async fn vacuum(&self) {
-        sqlx::query("vacuum analyze outbox_events")
-            .execute(&self.pool)
-            .await
-            .expect("vacuum analyze outbox_events");
-    }
-
-    /// Unpublished rows.
-    pub async fn unpublished(&self) -> i64 {
-        sqlx::query_scalar("select count(*) from outbox_events where published_at is null")
-            .fetch_one(&self.pool)
-            .await
-            .expect("count unpublished rows")
-    }
-}
-
-impl Drop for BenchDb {
-    fn drop(&mut self) {
-        let admin = self.admin.clone();
-        let name = self.name.clone();
-        // Drop may run inside a runtime: use a thread with its own.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async move {
-                if let Ok(mut conn) = admin.connect().await {
-                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
-                        .execute(&mut conn)
-                        .await;
-                }
-            });
-        })
-        .join();
-    }
-}
-
-async fn pool(options: &PgConnectOptions, max: u32) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(Duration::from_secs(30))
-        .connect_with(options.clone())
+/// A database of its own for the run (`outbox_bench_<token>`), with the outbox migrations
+/// applied and a pool of 8 connections; dropped when the value is dropped.
+pub async fn database() -> TestDb {
+    TestDb::builder()
+        .name(format!("outbox_bench_{}", unique_token()))
+        .create()
         .await
-        .expect("connect to the benchmark database")
+}
+
+/// Empties `outbox_events`.
+pub async fn truncate(db: &TestDb) {
+    sqlx::query("truncate outbox_events")
+        .execute(&db.pool)
+        .await
+        .expect("truncate outbox_events");
+}
+
+/// `vacuum analyze outbox_events` (the server may run with autovacuum off; the benchmarks
+/// measure a table in the state autovacuum would keep it in).
+pub async fn vacuum(db: &TestDb) {
+    sqlx::query("vacuum analyze outbox_events")
+        .execute(&db.pool)
+        .await
+        .expect("vacuum analyze outbox_events");
 }
 
 /// Connects to `NATS_URL`, failing with the command that starts it.
 pub async fn connect_nats() -> async_nats::Client {
-    let url = nats_url();
-    async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| {
-            panic!("cannot connect to NATS at {url}: {e}; {START_SERVICES} (or set NATS_URL)")
-        })
+    outbox_testkit::connect_nats(&nats_url()).await
 }
 
 /// A stream of this run capturing `<prefix>.>`, with file storage and the default duplicate

@@ -19,11 +19,12 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use outbox_runtime::{EmitExt, OutboxEvent};
+use outbox_testkit::TestDb;
 use serde::{Deserialize, Serialize};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::common::{self, BenchDb};
+use crate::common;
 
 /// The benchmark's typed event.
 #[derive(Debug, Clone, Serialize, Deserialize, OutboxEvent)]
@@ -151,7 +152,7 @@ async fn bench(quick: bool) {
     let single: u64 = if quick { 200 } else { 1_000 };
     let batched: u64 = if quick { 40 } else { 200 };
     let concurrent: u64 = if quick { 400 } else { 2_000 };
-    let db = BenchDb::new().await;
+    let db = common::database().await;
     println!(
         "{rounds} rounds; per round and variant: {single} transactions of 1 event, {batched} of 10 events (one connection), {concurrent} transactions of 1 event over 8 connections"
     );
@@ -167,7 +168,7 @@ async fn bench(quick: bool) {
     let mut ten: Vec<Vec<f64>> = vec![Vec::new(); 3];
     let mut par: Vec<Vec<f64>> = vec![Vec::new(); 3];
     for round in 0..rounds {
-        db.truncate().await;
+        common::truncate(&db).await;
         for k in 0..3 {
             let idx = (k + round) % 3;
             let v = VARIANTS[idx];
@@ -226,7 +227,7 @@ async fn bench(quick: bool) {
 }
 
 /// `transactions` one-event transactions spread over 8 connections; returns events per second.
-async fn concurrently(db: &BenchDb, variant: Variant, transactions: u64) -> f64 {
+async fn concurrently(db: &TestDb, variant: Variant, transactions: u64) -> f64 {
     const CONNECTIONS: u64 = 8;
     let mut conns = Vec::with_capacity(CONNECTIONS as usize);
     for _ in 0..CONNECTIONS {

@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
-use outbox_runtime::{EmitExt, RawEvent, Relay, RelayConfig, Schemas};
+use outbox_runtime::{EmitExt, Relay, RelayConfig, Schemas};
+use outbox_testkit::raw_event;
 use uuid::Uuid;
 
-use crate::common::{self, BenchDb, BenchStream};
+use crate::common::{self, BenchStream};
 
 const RATE: u64 = 1_000;
 
@@ -37,7 +38,7 @@ pub fn run() {
 async fn bench(quick: bool) {
     let seconds: u64 = if quick { 3 } else { 10 };
     let warmup = if quick { RATE / 2 } else { RATE };
-    let db = BenchDb::new().await;
+    let db = common::database().await;
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     let event_type = format!("{}.order.placed", stream.prefix);
@@ -87,7 +88,7 @@ async fn bench(quick: bool) {
         ..Default::default()
     };
     let relay = Relay::new(
-        db.pool(config.pool_size()).await,
+        db.new_pool(config.pool_size()).await,
         jetstream::new(relay_client),
         config,
     )
@@ -111,20 +112,16 @@ async fn bench(quick: bool) {
     let subjects: Vec<Uuid> = (0..SUBJECTS).map(|_| Uuid::now_v7()).collect();
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let emit_pool = db.pool(32).await;
+    let emit_pool = db.new_pool(32).await;
     let mut emits = Vec::with_capacity(total as usize);
     let schedule_started = Instant::now();
     for i in 0..total {
         tick.tick().await;
         let (pool, schemas, committed) = (emit_pool.clone(), schemas.clone(), committed.clone());
         let subject = subjects[(i % SUBJECTS) as usize];
-        let event = RawEvent {
-            event_type: event_type.clone(),
-            source: "bench".into(),
-            subject: subject.to_string(),
-            time: None,
-            data: common::payload(i, subject),
-        };
+        let event = raw_event(&event_type, "bench", subject.to_string())
+            .data(common::payload(i, subject))
+            .build();
         emits.push(tokio::spawn(async move {
             let mut tx = pool.begin().await.expect("begin");
             let id = tx.emit_raw(&schemas, event).await.expect("emit");

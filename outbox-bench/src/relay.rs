@@ -28,9 +28,10 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use outbox_runtime::{Envelope, Relay, RelayConfig, CONTENT_TYPE};
+use outbox_testkit::TestDb;
 use uuid::Uuid;
 
-use crate::common::{self, BenchDb, BenchStream};
+use crate::common::{self, BenchStream};
 
 const SUBJECTS: i64 = 1_000;
 
@@ -64,7 +65,7 @@ async fn bench(quick: bool) {
         i64::try_from(n).expect("--events fits in an i64")
     });
     let rounds = if quick { 1 } else { 3 };
-    let db = BenchDb::new().await;
+    let db = common::database().await;
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
@@ -125,11 +126,11 @@ async fn bench(quick: bool) {
 }
 
 /// An empty table and stream, then `events` unpublished rows, vacuumed and analyzed.
-async fn refill(db: &BenchDb, stream: &BenchStream, events: i64) {
-    db.truncate().await;
+async fn refill(db: &TestDb, stream: &BenchStream, events: i64) {
+    common::truncate(db).await;
     stream.purge().await;
     common::fill_backlog(&db.pool, &stream.prefix, events, SUBJECTS).await;
-    db.vacuum().await;
+    common::vacuum(db).await;
 }
 
 struct Message {
@@ -139,7 +140,7 @@ struct Message {
 }
 
 /// The backlog's envelopes, in `created_at` order, under fresh ids.
-async fn envelopes(db: &BenchDb) -> Vec<Message> {
+async fn envelopes(db: &TestDb) -> Vec<Message> {
     type Row = (
         String,
         String,
@@ -190,12 +191,12 @@ async fn raw_publish(js: &jetstream::Context, messages: &[Message]) -> Duration 
 }
 
 /// Runs `relays` relays until they have published `events` rows; returns events per second.
-pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i64) -> f64 {
+pub async fn drain(db: &TestDb, stream: &BenchStream, relays: usize, events: i64) -> f64 {
     let mut started_relays = Vec::with_capacity(relays);
     for _ in 0..relays {
         let client = common::connect_nats().await;
         let config = relay_config(stream);
-        let pool = db.pool(config.pool_size()).await;
+        let pool = db.new_pool(config.pool_size()).await;
         let relay = Relay::new(pool, jetstream::new(client), config)
             .await
             .expect("start a relay");
@@ -254,10 +255,10 @@ pub async fn drain(db: &BenchDb, stream: &BenchStream, relays: usize, events: i6
 /// [`Claim::publish`](outbox_runtime::Claim::publish),
 /// [`Claim::commit`](outbox_runtime::Claim::commit)) and prints the median time of each step
 /// per batch: where a batch's time goes.
-async fn steps(db: &BenchDb, stream: &BenchStream) {
+async fn steps(db: &TestDb, stream: &BenchStream) {
     // one batch at a time: `claim` takes every partition, whatever the lanes
     let config = relay_config(stream);
-    let pool = db.pool(config.pool_size()).await;
+    let pool = db.new_pool(config.pool_size()).await;
     let relay = Relay::new(pool, jetstream::new(common::connect_nats().await), config)
         .await
         .expect("start a relay");

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use outbox_runtime::retention::prune_published;
 
-use crate::common::{self, BenchDb, BenchStream};
+use crate::common::{self, BenchStream};
 
 const SUBJECTS: i64 = 1_000;
 const KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -33,7 +33,7 @@ async fn bench(quick: bool) {
         (500_000, 50_000)
     };
     let rounds = if quick { 1 } else { 3 };
-    let db = BenchDb::new().await;
+    let db = common::database().await;
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
@@ -42,11 +42,11 @@ async fn bench(quick: bool) {
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         for pruning in [false, true] {
-            db.truncate().await;
+            common::truncate(&db).await;
             stream.purge().await;
             common::fill_published(&db.pool, &stream.prefix, history, SUBJECTS, AGE).await;
             common::fill_backlog(&db.pool, &stream.prefix, backlog, SUBJECTS).await;
-            db.vacuum().await;
+            common::vacuum(&db).await;
 
             let stop = Arc::new(AtomicBool::new(false));
             let pruner = pruning.then(|| {

@@ -6,9 +6,6 @@
 //! fresh database; URLs carry passwords (Postgres trust auth and an open nats-server accept any)
 //! so that every test can check that no password is ever printed.
 
-#[path = "../../tests/tests/common/mod.rs"]
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -17,8 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, free_port, Ctx, NatsServer, TestDb};
-use outbox_runtime::RawEvent;
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{
+    emit_committed, eventually, free_port, open_schemas, raw_event, NatsServer, TestDb,
+};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -114,17 +113,6 @@ async fn finish(mut cmd: Command) -> Output {
     .expect("the command thread")
 }
 
-/// An event of `event_type` from `cli-test` about `subject`, with payload `{"n": n}`.
-fn cli_event(event_type: &str, subject: &str, n: i64) -> RawEvent {
-    RawEvent {
-        event_type: event_type.to_owned(),
-        source: "cli-test".into(),
-        subject: subject.to_owned(),
-        time: None,
-        data: serde_json::json!({ "n": n }),
-    }
-}
-
 /// `url` with `user:password@` put in front of its host (unless it has credentials already).
 fn with_password(url: &str, user: &str, password: &str) -> String {
     match url.split_once("://") {
@@ -137,7 +125,7 @@ fn with_password(url: &str, user: &str, password: &str) -> String {
 
 /// The URL of the test's database, with a password.
 fn db_url(db: &TestDb) -> String {
-    let base = common::database_url();
+    let base = outbox_testkit::database_url();
     let (scheme, rest) = base.split_once("://").expect("DATABASE_URL has a scheme");
     let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
     let query = tail.find('?').map_or("", |i| &tail[i..]);
@@ -150,7 +138,7 @@ fn db_url(db: &TestDb) -> String {
 
 /// The shared NATS server's URL, with a user and password.
 fn nats_url() -> String {
-    with_password(&common::nats_url(), "outbox", NATS_PASSWORD)
+    with_password(&outbox_testkit::nats_url(), "outbox", NATS_PASSWORD)
 }
 
 /// A running `outbox` process whose stderr is collected line by line.
@@ -917,12 +905,15 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
     let event_type = ctx.event_type("unblock.row.changed");
     let url = db_url(&ctx.db);
     let nats = nats_url();
-    let schemas = common::open_schemas(std::slice::from_ref(&event_type));
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
     let mut ids = Vec::new();
     for n in 0..2 {
-        let id =
-            common::emit_committed(ctx.pool(), &schemas, cli_event(&event_type, "account-1", n))
-                .await;
+        let id = emit_committed(
+            ctx.pool(),
+            &schemas,
+            raw_event(&event_type, "cli-test", "account-1").numbered(n),
+        )
+        .await;
         ids.push(id);
     }
     let (capped, held) = (ids[0], ids[1]);
@@ -1124,12 +1115,15 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
 
     // three events of one subject, relayed: they reach the stream in emit order (order across
     // subjects is not promised)
-    let schemas = common::open_schemas(std::slice::from_ref(&event_type));
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
     let mut ids = Vec::new();
     for n in 0..3 {
-        let id =
-            common::emit_committed(ctx.pool(), &schemas, cli_event(&event_type, "account-1", n))
-                .await;
+        let id = emit_committed(
+            ctx.pool(),
+            &schemas,
+            raw_event(&event_type, "cli-test", "account-1").numbered(n),
+        )
+        .await;
         ids.push(id);
     }
     let mut relay = Running::spawn(&[
@@ -1197,8 +1191,12 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
     .execute(ctx.pool())
     .await
     .expect("age two rows");
-    let pending =
-        common::emit_committed(ctx.pool(), &schemas, cli_event(&event_type, "account-9", 9)).await;
+    let pending = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "cli-test", "account-9").numbered(9),
+    )
+    .await;
     sqlx::query("update outbox_events set created_at = now() - interval '3 hours' where id = $1")
         .bind(pending)
         .execute(ctx.pool())

@@ -13,7 +13,7 @@ pub mod contract_v2 {
 }
 
 /// The code generator's golden outputs (`golden/<case>/expected.rs`, checked in), compiled with
-/// this crate so `cargo build -p outbox-tests` proves they compile. `tests/codegen_golden.rs`
+/// this crate so `cargo build -p outbox-tests` proves they compile. `tests/codegen/golden.rs`
 /// checks they are what the generator produces today.
 pub mod golden {
     /// `golden/kitchen_sink`: references, enums, formats, patterns, a consumed type.

@@ -2,11 +2,9 @@
 //! nats-server: the contract's sequence diagram (request, transaction, 201, relay, stream,
 //! consumer), a request that rolls back publishing nothing, and bad requests answered 4xx.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{eventually, read_stream, NatsServer, TestDb};
+use outbox_testkit::{connect_nats, database_url, eventually, read_stream, NatsServer, TestDb};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -22,7 +20,7 @@ struct Service {
 
 /// `DATABASE_URL` pointing at database `name` instead.
 fn url_of(name: &str) -> String {
-    let url = common::database_url();
+    let url = database_url();
     let (head, query) = match url.split_once('?') {
         Some((h, q)) => (h.to_owned(), format!("?{q}")),
         None => (url.clone(), String::new()),
@@ -46,7 +44,7 @@ async fn start() -> Service {
         .await
         .expect("the service starts");
     let base = format!("http://{}", running.addr);
-    let js = async_nats::jetstream::new(common::connect_nats(&nats.url()).await);
+    let js = async_nats::jetstream::new(connect_nats(&nats.url()).await);
     Service {
         db,
         nats,

@@ -1,10 +1,9 @@
 //! A relay that dies after publishing and before marking loses nothing: the next relay
 //! republishes the same ids and JetStream drops them as duplicates.
 
-mod common;
-
-use common::{open_schemas, Ctx};
-use outbox_runtime::{EmitExt, RawEvent, Relay, RelayConfig};
+use outbox_runtime::{EmitExt, Relay, RelayConfig};
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{open_schemas, raw_event};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -20,13 +19,9 @@ async fn a_relay_killed_between_publish_and_mark_loses_nothing() {
     let mut ids = Vec::new();
     let mut tx = ctx.pool().begin().await.unwrap();
     for i in 0..12 {
-        let event = RawEvent {
-            event_type: types[i % 2].clone(),
-            source: "billing".into(),
-            subject: format!("inv-{}", i % 3),
-            time: None,
-            data: json!({ "i": i }),
-        };
+        let event = raw_event(&types[i % 2], "billing", format!("inv-{}", i % 3))
+            .data(json!({ "i": i }))
+            .build();
         ids.push(tx.emit_raw(&schemas, event).await.unwrap());
     }
     tx.commit().await.unwrap();

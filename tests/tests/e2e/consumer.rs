@@ -2,14 +2,11 @@
 //! handled once, retries, replicas sharing a durable, undecodable messages, and the metrics
 //! that report each.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::{eventually, NatsServer, TestDb};
 use futures::StreamExt;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use outbox_runtime::consumer::{
@@ -17,6 +14,7 @@ use outbox_runtime::consumer::{
 };
 use outbox_runtime::order::Freshness;
 use outbox_runtime::{EmitExt, OutboxEvent, Relay, RelayConfig, StorageType, StreamSpec};
+use outbox_testkit::{connect_nats, eventually, NatsServer, TestDb};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -89,7 +87,7 @@ async fn setup(duplicate_window: Duration) -> Setup {
         .await
         .expect("create the handler's table");
     let nats = NatsServer::spawn().await;
-    let js = async_nats::jetstream::new(common::connect_nats(&nats.url()).await);
+    let js = async_nats::jetstream::new(connect_nats(&nats.url()).await);
     StreamSpec {
         name: STREAM.into(),
         subjects: vec!["accounts.>".into()],

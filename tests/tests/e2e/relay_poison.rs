@@ -1,13 +1,14 @@
 //! Events the broker refuses (payload over max_payload, no stream for the subject) are retried
 //! with backoff, capped, reported, and do not hold back other subjects.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, open_schemas, unique_token, Ctx};
-use outbox_runtime::{EmitExt, RawEvent, Relay, RelayConfig, StorageType, StreamSpec};
+use outbox_runtime::{Relay, RelayConfig, StorageType, StreamSpec};
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{
+    emit_committed, eventually, open_schemas, raw_event, read_stream, run_relay, unique_token,
+};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -20,24 +21,11 @@ async fn attempts(pool: &PgPool, id: Uuid) -> (i32, bool) {
         .unwrap()
 }
 
+/// Emits and commits an event of `event_type` from `billing` about `subject`.
 async fn emit(pool: &PgPool, event_type: &str, subject: &str, data: serde_json::Value) -> Uuid {
     let schemas = open_schemas(&[event_type.to_owned()]);
-    let mut tx = pool.begin().await.unwrap();
-    let id = tx
-        .emit_raw(
-            &schemas,
-            RawEvent {
-                event_type: event_type.into(),
-                source: "billing".into(),
-                subject: subject.into(),
-                time: None,
-                data,
-            },
-        )
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    id
+    let event = raw_event(event_type, "billing", subject).data(data);
+    emit_committed(pool, &schemas, event).await
 }
 
 #[tokio::test]
@@ -122,17 +110,7 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
         .await
         .unwrap(),
     );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = {
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .run(async {
-                    let _ = stopped.await;
-                })
-                .await
-        })
-    };
+    let (stop, running) = run_relay(relay.clone());
     eventually(
         Duration::from_secs(30),
         "both refused events at the cap",
@@ -149,7 +127,7 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
     )
     .await;
     stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.await.unwrap();
 
     // Past the cap the rows are left alone, reported, and their subjects stay held.
     let report = relay.run_once().await.unwrap();
@@ -184,7 +162,7 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
     while relay.run_once().await.unwrap().claimed > 0 {}
     assert_eq!(attempts(&pool, no_stream).await, (0, true));
     assert_eq!(attempts(&pool, after_no_stream).await, (0, true));
-    let order: Vec<Uuid> = common::read_stream(&ctx.js, &orphan_stream.name)
+    let order: Vec<Uuid> = read_stream(&ctx.js, &orphan_stream.name)
         .await
         .iter()
         .map(|m| m.envelope.id)

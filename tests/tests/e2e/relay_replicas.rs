@@ -2,16 +2,14 @@
 //! the stream once, each subject's events arrive in created_at order, and a relay that finds
 //! every row held by another transaction claims again soon.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, open_schemas, Ctx};
 use outbox_runtime::relay::LOCK_NAMESPACE;
-use outbox_runtime::{EmitExt, RawEvent, Relay, RelayConfig, Schemas};
-use serde_json::json;
+use outbox_runtime::{EmitExt, Relay, RelayConfig, Schemas};
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{eventually, open_schemas, raw_event, run_relay};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -46,13 +44,9 @@ async fn emit(
     let mut tx = pool.begin().await.unwrap();
     for n in events {
         let subject = format!("sub-{}", scramble(n as u64) % SUBJECTS);
-        let event = RawEvent {
-            event_type: types[n % types.len()].clone(),
-            source: "billing".into(),
-            subject: subject.clone(),
-            time: None,
-            data: json!({ "n": n }),
-        };
+        let event = raw_event(&types[n % types.len()], "billing", &subject)
+            .numbered(n)
+            .build();
         let id = tx.emit_raw(schemas, event).await.unwrap();
         expected.entry(subject).or_default().push(id);
         if (n + 1) % PER_TX == 0 {
@@ -89,7 +83,7 @@ async fn start_relay(
             .await
             .unwrap(),
     );
-    let (stop, running) = common::run_relay(relay.clone());
+    let (stop, running) = run_relay(relay.clone());
     (relay, stop, running)
 }
 
@@ -128,7 +122,7 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
                 .await
                 .unwrap(),
         );
-        let (stop, running) = common::run_relay(relay.clone());
+        let (stop, running) = run_relay(relay.clone());
         relays.push((relay, stop, running));
     }
     let relays_started = std::time::Instant::now();

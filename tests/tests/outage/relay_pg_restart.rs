@@ -1,17 +1,15 @@
 //! A Postgres restart under a running relay: it logs, backs off, reconnects (pool and LISTEN)
 //! and resumes; nothing committed is lost and each subject stays in order.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
-    connect_nats, eventually, nats_url, open_schemas, read_stream, unique_token, PgServer,
+use outbox_runtime::{EmitExt, Relay, RelayConfig, StorageType, StreamSpec};
+use outbox_testkit::{
+    connect_nats, eventually, nats_url, open_schemas, raw_event, read_stream, unique_token,
+    PgServer,
 };
-use outbox_runtime::{EmitExt, RawEvent, Relay, RelayConfig, StorageType, StreamSpec};
-use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
@@ -70,20 +68,13 @@ async fn the_relay_survives_a_postgres_restart_and_loses_nothing() {
     let emit = |n: i64| {
         let pool = pool.clone();
         let schemas = schemas.clone();
-        let event_type = event_type.clone();
+        let event = raw_event(&event_type, "ledger", format!("account-{}", n % 7))
+            .numbered(n)
+            .build();
         async move {
             let mut tx = pool.begin().await?;
             let id = tx
-                .emit_raw(
-                    &schemas,
-                    RawEvent {
-                        event_type,
-                        source: "ledger".into(),
-                        subject: format!("account-{}", n % 7),
-                        time: None,
-                        data: json!({ "n": n }),
-                    },
-                )
+                .emit_raw(&schemas, event)
                 .await
                 .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
             tx.commit().await?;

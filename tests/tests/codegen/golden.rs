@@ -69,7 +69,7 @@ fn generated_rust_matches_the_checked_in_files() {
     }
     assert!(
         stale.is_empty(),
-        "{}\nrun `UPDATE_GOLDEN=1 cargo test -p outbox-tests --test codegen_golden` and review the diff",
+        "{}\nrun `UPDATE_GOLDEN=1 cargo test -p outbox-tests --test codegen golden` and review the diff",
         stale.join("\n")
     );
 }

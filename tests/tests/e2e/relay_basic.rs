@@ -1,13 +1,13 @@
 //! The relay against a real Postgres and nats-server: commit and rollback, the wake-up on
 //! commit, and the errors it gives for bad input and a broken setup.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{eventually, free_port, open_schemas, Ctx, TestDb};
-use outbox_runtime::{
-    EmitExt, Error, RawEvent, Relay, RelayConfig, Schemas, StorageType, StreamSpec,
+use outbox_runtime::{EmitExt, Error, Relay, RelayConfig, Schemas, StorageType, StreamSpec};
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{
+    connect_nats, database_url, emit_committed, eventually, free_port, nats_url, open_schemas,
+    raw_event, run_relay, Delivered, TestDb,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -44,29 +44,19 @@ async fn emit_each(
 ) -> Vec<Uuid> {
     let mut ids = Vec::new();
     for n in ns {
-        let event = raw(event_type, subject, json!({ "n": n }));
-        ids.push(common::emit_committed(ctx.pool(), schemas, event).await);
+        let event = raw_event(event_type, "billing", subject).numbered(n);
+        ids.push(emit_committed(ctx.pool(), schemas, event).await);
     }
     ids
 }
 
 /// The ids of `subject`'s events, in stream order.
-fn ids_of(messages: &[common::Delivered], subject: &str) -> Vec<Uuid> {
+fn ids_of(messages: &[Delivered], subject: &str) -> Vec<Uuid> {
     messages
         .iter()
         .filter(|m| m.envelope.subject == subject)
         .map(|m| m.envelope.id)
         .collect()
-}
-
-fn raw(event_type: &str, subject: &str, data: serde_json::Value) -> RawEvent {
-    RawEvent {
-        event_type: event_type.to_owned(),
-        source: "billing".into(),
-        subject: subject.to_owned(),
-        time: None,
-        data,
-    }
 }
 
 #[tokio::test]
@@ -78,14 +68,20 @@ async fn a_committed_event_is_published_and_a_rolled_back_one_never_is() {
 
     let mut tx = ctx.pool().begin().await.unwrap();
     let rolled_back = tx
-        .emit_raw(&schemas, raw(&paid, "inv-1", json!({"n": 1})))
+        .emit_raw(
+            &schemas,
+            raw_event(&paid, "billing", "inv-1").numbered(1).build(),
+        )
         .await
         .unwrap();
     tx.rollback().await.unwrap();
 
     let mut tx = ctx.pool().begin().await.unwrap();
     let committed = tx
-        .emit_raw(&schemas, raw(&paid, "inv-2", json!({"n": 2})))
+        .emit_raw(
+            &schemas,
+            raw_event(&paid, "billing", "inv-2").numbered(2).build(),
+        )
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -149,7 +145,7 @@ async fn the_running_relay_wakes_on_commit_and_stops_on_shutdown() {
     .unwrap();
     let pool = ctx.pool().clone();
     let relay = std::sync::Arc::new(relay);
-    let (stop, running) = common::run_relay(relay.clone());
+    let (stop, running) = run_relay(relay.clone());
     // Let the relay reach its wait (first empty batch, LISTEN in place) before emitting.
     eventually(Duration::from_secs(10), "the relay listens", || async {
         sqlx::query_scalar::<_, i64>(
@@ -168,7 +164,9 @@ async fn the_running_relay_wakes_on_commit_and_stops_on_shutdown() {
         ids.push(
             tx.emit_raw(
                 &schemas,
-                raw(&created, &format!("sub-{i}"), json!({"i": i})),
+                raw_event(&created, "billing", format!("sub-{i}"))
+                    .data(json!({"i": i}))
+                    .build(),
             )
             .await
             .unwrap(),
@@ -212,7 +210,9 @@ async fn bad_payloads_and_unknown_types_are_refused_before_the_insert() {
     let err = tx
         .emit_raw(
             &schemas,
-            raw("billing.invoice.paid", "inv-1", json!({"amount": -3})),
+            raw_event("billing.invoice.paid", "billing", "inv-1")
+                .data(json!({"amount": -3}))
+                .build(),
         )
         .await
         .unwrap_err();
@@ -231,7 +231,10 @@ async fn bad_payloads_and_unknown_types_are_refused_before_the_insert() {
     }
 
     let err = tx
-        .emit_raw(&schemas, raw("billing.invoice.voided", "inv-1", json!({})))
+        .emit_raw(
+            &schemas,
+            raw_event("billing.invoice.voided", "billing", "inv-1").build(),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -242,11 +245,9 @@ async fn bad_payloads_and_unknown_types_are_refused_before_the_insert() {
     // The transaction is still usable, and nothing was inserted.
     tx.emit_raw(
         &schemas,
-        raw(
-            "billing.invoice.paid",
-            "inv-1",
-            json!({"invoice_id": "inv-1"}),
-        ),
+        raw_event("billing.invoice.paid", "billing", "inv-1")
+            .data(json!({"invoice_id": "inv-1"}))
+            .build(),
     )
     .await
     .unwrap();
@@ -260,7 +261,10 @@ async fn a_missing_table_names_the_migration_to_run() {
     let schemas = open_schemas(&["billing.invoice.paid".to_owned()]);
     let mut conn = db.pool.acquire().await.unwrap();
     let err = conn
-        .emit_raw(&schemas, raw("billing.invoice.paid", "inv-1", json!({})))
+        .emit_raw(
+            &schemas,
+            raw_event("billing.invoice.paid", "billing", "inv-1").build(),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -275,7 +279,7 @@ async fn a_missing_table_names_the_migration_to_run() {
     );
     drop(conn);
 
-    let nats = common::connect_nats(&common::nats_url()).await;
+    let nats = connect_nats(&nats_url()).await;
     let err = Relay::new(
         db.pool.clone(),
         async_nats::jetstream::new(nats),
@@ -292,7 +296,7 @@ async fn a_missing_table_names_the_migration_to_run() {
 #[tokio::test]
 async fn unreachable_postgres_or_nats_at_start_is_a_clear_error() {
     let dead_pg = format!("postgres://root:secret@127.0.0.1:{}/test", free_port());
-    let err = Relay::connect(&dead_pg, &common::nats_url(), RelayConfig::default())
+    let err = Relay::connect(&dead_pg, &nats_url(), RelayConfig::default())
         .await
         .unwrap_err();
     match &err {
@@ -309,7 +313,7 @@ async fn unreachable_postgres_or_nats_at_start_is_a_clear_error() {
     );
 
     let dead_nats = format!("nats://127.0.0.1:{}", free_port());
-    let err = Relay::connect(&common::database_url(), &dead_nats, RelayConfig::default())
+    let err = Relay::connect(&database_url(), &dead_nats, RelayConfig::default())
         .await
         .unwrap_err();
     assert!(
@@ -649,8 +653,8 @@ async fn a_batch_publishes_each_subjects_events_in_order() {
     let mut emitted = Vec::new();
     for n in 0..4 {
         for subject in subjects {
-            let event = raw(&paid, subject, json!({ "n": n }));
-            emitted.push(common::emit_committed(ctx.pool(), &schemas, event).await);
+            let event = raw_event(&paid, "billing", subject).numbered(n);
+            emitted.push(emit_committed(ctx.pool(), &schemas, event).await);
         }
     }
 

@@ -1,0 +1,291 @@
+//! Postgres: a fresh database per test on the shared server, and private servers a test may
+//! stop and restart.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+
+use crate::env::{database_url, service_missing};
+use crate::unique::{free_port, unique_token};
+
+/// A database of its own for one test; dropped (with its connections) when this is dropped.
+///
+/// Created on the server of `DATABASE_URL` unless [`TestDbBuilder::server`] says otherwise.
+#[derive(Debug)]
+pub struct TestDb {
+    /// A pool on the test database.
+    pub pool: PgPool,
+    /// The database name.
+    pub name: String,
+    /// Connection options of the test database.
+    pub options: PgConnectOptions,
+    admin: PgConnectOptions,
+}
+
+/// How to create a [`TestDb`]: on which server, under which name, migrated or not, with how
+/// large a pool.
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `create` is called"]
+pub struct TestDbBuilder {
+    server: Option<String>,
+    name: Option<String>,
+    migrate: bool,
+    max_connections: u32,
+}
+
+impl TestDb {
+    /// A fresh database with the outbox migrations applied.
+    pub async fn new() -> TestDb {
+        TestDb::builder().create().await
+    }
+
+    /// A fresh database without any table.
+    pub async fn empty() -> TestDb {
+        TestDb::builder().migrate(false).create().await
+    }
+
+    /// The settings of [`new`](Self::new), to change before [`TestDbBuilder::create`].
+    pub fn builder() -> TestDbBuilder {
+        TestDbBuilder {
+            server: None,
+            name: None,
+            migrate: true,
+            max_connections: 8,
+        }
+    }
+
+    /// Another pool on the test database, of `max_connections` (a relay's own, as in a
+    /// separate process).
+    pub async fn new_pool(&self, max_connections: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(self.options.clone())
+            .await
+            .expect("connect to the test database")
+    }
+
+    /// Number of rows in `outbox_events` still unpublished.
+    pub async fn unpublished(&self) -> i64 {
+        sqlx::query_scalar("select count(*) from outbox_events where published_at is null")
+            .fetch_one(&self.pool)
+            .await
+            .expect("count unpublished rows")
+    }
+}
+
+impl TestDbBuilder {
+    /// The server to create the database on, as a URL (its database part names the database
+    /// to connect to for `create database`); default `DATABASE_URL`.
+    pub fn server(mut self, url: impl Into<String>) -> TestDbBuilder {
+        self.server = Some(url.into());
+        self
+    }
+
+    /// The database name; default `outbox_<token>`, unique to the test.
+    pub fn name(mut self, name: impl Into<String>) -> TestDbBuilder {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Whether to apply the outbox migrations; default yes.
+    pub fn migrate(mut self, migrate: bool) -> TestDbBuilder {
+        self.migrate = migrate;
+        self
+    }
+
+    /// The size of [`TestDb::pool`]; default 8.
+    pub fn max_connections(mut self, max_connections: u32) -> TestDbBuilder {
+        self.max_connections = max_connections;
+        self
+    }
+
+    /// Creates the database, connects its pool and migrates it if asked to.
+    pub async fn create(self) -> TestDb {
+        let url = self.server.unwrap_or_else(database_url);
+        let admin = PgConnectOptions::from_str(&url)
+            .unwrap_or_else(|e| panic!("{url} is not a postgres URL: {e}"));
+        let mut conn = admin
+            .connect()
+            .await
+            .unwrap_or_else(|e| service_missing("Postgres", &url, e, "DATABASE_URL"));
+        let name = self
+            .name
+            .unwrap_or_else(|| format!("outbox_{}", unique_token()));
+        sqlx::query(&format!("create database {name}"))
+            .execute(&mut conn)
+            .await
+            .expect("create the test database");
+        conn.close().await.ok();
+        let options = admin.clone().database(&name);
+        let pool = PgPoolOptions::new()
+            .max_connections(self.max_connections)
+            .connect_with(options.clone())
+            .await
+            .expect("connect to the test database");
+        let db = TestDb {
+            pool,
+            name,
+            options,
+            admin,
+        };
+        if self.migrate {
+            outbox_runtime::migrate(&db.pool)
+                .await
+                .expect("apply the outbox migrations");
+        }
+        db
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin = self.admin.clone();
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime: use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                if let Ok(mut conn) = admin.connect().await {
+                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// A private Postgres cluster (`initdb` + `pg_ctl` from `/usr/lib/postgresql/*/bin`) on a free
+/// port in a temporary directory, for tests that stop and restart the database. The superuser
+/// is `root` with trust auth on 127.0.0.1. When the tests run as root, the server runs as the
+/// `postgres` user (Postgres refuses to run as root).
+#[derive(Debug)]
+pub struct PgServer {
+    /// The port it listens on.
+    pub port: u16,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    run_as: Option<String>,
+}
+
+impl PgServer {
+    /// Creates the cluster and starts it.
+    pub fn spawn() -> PgServer {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|versions| {
+                versions
+                    .filter_map(|v| v.ok().map(|v| v.path().join("bin")))
+                    .filter(|b| b.join("initdb").exists())
+                    .max()
+            })
+            .expect("Postgres server binaries under /usr/lib/postgresql/*/bin; `scripts/services` installs them");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let is_root = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let run_as = is_root.then(|| "postgres".to_owned());
+        if run_as.is_some() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:"])
+                .arg(dir.path())
+                .status()
+                .expect("chown");
+            assert!(status.success(), "chown the cluster directory to postgres");
+        }
+        let server = PgServer {
+            port: free_port(),
+            dir,
+            bin,
+            run_as,
+        };
+        server.run(
+            "initdb",
+            &["-A", "trust", "-U", "root", "--no-sync", "-D"],
+            true,
+        );
+        server.start();
+        server
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// `tool` of the server's binaries, run as the server's user.
+    fn command(&self, tool: &str) -> Command {
+        let program = self.bin.join(tool);
+        match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&program);
+                c
+            }
+            None => Command::new(&program),
+        }
+    }
+
+    fn run(&self, tool: &str, args: &[&str], with_data: bool) {
+        let mut command = self.command(tool);
+        command.args(args);
+        if with_data {
+            command.arg(self.data());
+        }
+        let output = command
+            .output()
+            .unwrap_or_else(|e| panic!("run {tool}: {e}"));
+        assert!(
+            output.status.success(),
+            "{tool} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    pub fn start(&self) {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let log = self.dir.path().join("server.log");
+        let log = log.to_string_lossy().into_owned();
+        self.run(
+            "pg_ctl",
+            &["-w", "-l", &log, "-o", &options, "start", "-D"],
+            true,
+        );
+    }
+
+    /// Stops the server (fast shutdown: open connections are cut).
+    pub fn stop(&self) {
+        self.run("pg_ctl", &["-w", "-m", "fast", "stop", "-D"], true);
+    }
+
+    /// `postgres://root@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://root@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .args(["-w", "-m", "immediate", "stop", "-D"])
+            .arg(self.data())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}

@@ -1,0 +1,69 @@
+//! Reading a stream back: what the relay stored, in stream order, with its headers.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
+use futures::StreamExt;
+use outbox_runtime::Envelope;
+
+/// How long reading a stream may wait for its next message.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One message read back from a stream.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    /// The stream sequence.
+    pub seq: u64,
+    /// The NATS subject it was published on.
+    pub subject: String,
+    /// Its `Nats-Msg-Id` header.
+    pub msg_id: String,
+    /// Its `Content-Type` header.
+    pub content_type: String,
+    /// The decoded body.
+    pub envelope: Envelope,
+}
+
+/// Messages in stream `name`.
+pub async fn stream_len(js: &jetstream::Context, name: &str) -> u64 {
+    let mut stream = js.get_stream(name).await.expect("the stream exists");
+    stream.info().await.expect("stream info").state.messages
+}
+
+/// Every message of stream `name`, in stream order, read by an ordered consumer.
+pub async fn read_stream(js: &jetstream::Context, name: &str) -> Vec<Delivered> {
+    let mut stream = js.get_stream(name).await.expect("the stream exists");
+    let total = stream.info().await.expect("stream info").state.messages as usize;
+    if total == 0 {
+        return Vec::new();
+    }
+    let consumer = stream
+        .create_consumer(OrderedConfig::default())
+        .await
+        .expect("create an ordered consumer");
+    let mut messages = consumer.messages().await.expect("consume");
+    let mut out = Vec::with_capacity(total);
+    while out.len() < total {
+        let msg = tokio::time::timeout(PATIENCE, messages.next())
+            .await
+            .expect("the stream delivers its messages")
+            .expect("the consumer does not end")
+            .expect("a message");
+        let seq = msg.info().expect("jetstream metadata").stream_sequence;
+        let header = |name: &str| {
+            msg.headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default()
+        };
+        out.push(Delivered {
+            seq,
+            subject: msg.subject.to_string(),
+            msg_id: header("Nats-Msg-Id"),
+            content_type: header("Content-Type"),
+            envelope: serde_json::from_slice(&msg.payload).expect("a CloudEvents envelope"),
+        });
+    }
+    out
+}

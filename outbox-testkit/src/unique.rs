@@ -1,0 +1,28 @@
+//! Names unique to a test, and ports nothing listens on.
+//!
+//! Tests share one Postgres server and one nats-server, and run in parallel: every database,
+//! stream, subject and private server a test creates carries a name no other test uses.
+
+use std::net::TcpListener;
+
+/// `prefix` and 12 lowercase hex digits: with a prefix of lowercase letters, a valid database
+/// name and NATS subject token.
+pub fn unique_name(prefix: &str) -> String {
+    // the last 12 hex digits of a UUIDv7 are random
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    format!("{prefix}{}", &id[id.len() - 12..])
+}
+
+/// A name unique to this test: `t` and 12 lowercase hex digits (a valid subject token).
+pub fn unique_token() -> String {
+    unique_name("t")
+}
+
+/// A port nothing listens on right now (it may be taken before it is used: see
+/// [`NatsServer::start`](crate::NatsServer::start) for how a server copes).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
