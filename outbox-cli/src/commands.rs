@@ -111,6 +111,9 @@ pub struct StatusArgs {
     /// Exit 1 when more rows than this are at the attempt cap.
     #[arg(long)]
     max_at_cap: Option<i64>,
+    /// Exit 1 when more rows than this are held (at the cap, or refused for good).
+    #[arg(long)]
+    max_held: Option<i64>,
 }
 
 #[derive(Debug, Args)]
@@ -316,6 +319,9 @@ async fn status(args: StatusArgs) -> Result<ExitCode> {
     if let Some(max) = args.max_backlog.filter(|m| s.unpublished > *m) {
         crossed.push(format!("{} unpublished (max {max})", s.unpublished));
     }
+    if let Some(max) = args.max_held.filter(|m| s.held_total > *m) {
+        crossed.push(format!("{} row(s) held (max {max})", s.held_total));
+    }
     if let Some(max) = args.max_at_cap.filter(|m| s.at_cap > *m) {
         crossed.push(format!(
             "{} row(s) at the attempt cap (max {max})",
@@ -358,6 +364,8 @@ fn render_status(s: &Status) -> String {
         age(s.oldest_unpublished_age)
     );
     let _ = writeln!(out, "at attempt cap ({})  {}", s.max_attempts, s.at_cap);
+    let _ = writeln!(out, "held                 {}", s.held_total);
+    let _ = writeln!(out, "backing off          {} subject(s)", s.backing_off);
     let attempts: Vec<String> = s.attempts.iter().map(|(a, n)| format!("{a}:{n}")).collect();
     let _ = writeln!(
         out,
@@ -372,7 +380,7 @@ fn render_status(s: &Status) -> String {
         let width = s
             .by_type
             .iter()
-            .map(|t| t.event_type.len())
+            .map(|t| shown(&t.event_type).chars().count())
             .max()
             .unwrap_or(10)
             .max(10);
@@ -385,14 +393,48 @@ fn render_status(s: &Status) -> String {
             let _ = writeln!(
                 out,
                 "{:<width$}  {:>11}  {:>8}  {:>6}",
-                t.event_type,
+                shown(&t.event_type),
                 t.unpublished,
                 age(t.oldest_unpublished_age),
                 t.at_cap
             );
         }
     }
+    if !s.held.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nheld (each holds its subject; release with `outbox unblock`):"
+        );
+        for h in &s.held {
+            let _ = writeln!(
+                out,
+                "{}  {}  subject {}  attempts {}: {}",
+                h.id,
+                shown(&h.event_type),
+                shown(&h.subject),
+                h.attempts,
+                h.reason
+            );
+        }
+        if s.held_total > s.held.len() as i64 {
+            let _ = writeln!(out, "... and {} more", s.held_total - s.held.len() as i64);
+        }
+    }
     out
+}
+
+/// A value from the table, cut to fit a line (rows written by hand can hold anything).
+fn shown(value: &str) -> String {
+    const WIDTH: usize = 60;
+    let printable: String = value
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if printable.chars().count() <= WIDTH {
+        return printable;
+    }
+    let head: String = printable.chars().take(WIDTH).collect();
+    format!("{head}… ({} bytes)", value.len())
 }
 
 async fn prune(args: PruneArgs) -> Result<ExitCode> {

@@ -6,7 +6,7 @@
 //! fresh database; URLs carry passwords (Postgres trust auth and an open nats-server accept any)
 //! so that every test can check that no password is ever printed.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -900,7 +900,7 @@ fn gen_prints_rust_that_compiles() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unblock_republishes_a_capped_row_with_its_id() {
+async fn unblock_republishes_a_held_row_with_its_id() {
     let ctx = Ctx::new().await;
     let event_type = ctx.event_type("unblock.row.changed");
     let url = db_url(&ctx.db);
@@ -916,7 +916,7 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
         .await;
         ids.push(id);
     }
-    let (capped, held) = (ids[0], ids[1]);
+    let (stuck, behind) = (ids[0], ids[1]);
 
     // No stream captures the type yet: the relay's start-up check refuses it ...
     let out = run([
@@ -932,7 +932,8 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
     out.expect_code(2).assert_clean();
     assert!(out.stderr.contains(&event_type), "{}", out.stderr);
 
-    // ... and without the check every publish fails, until the first row reaches the cap.
+    // ... and without the check the broker answers "no responders": the first row is held at
+    // once, with its reason, and the second waits behind it.
     let mut relay = Running::spawn(&[
         "relay",
         "--database-url",
@@ -960,26 +961,23 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
                 .expect("the row's attempts")
         }
     };
-    eventually(
-        PATIENCE,
-        "the first row to reach the attempt cap",
-        || async { attempts(capped).await >= 2 },
-    )
-    .await;
-    eventually(PATIENCE, "the relay to log the capped row", || {
-        std::future::ready(
-            relay
-                .stderr()
-                .lines()
-                .any(|l| l.contains("reached the attempt cap") && l.contains(&capped.to_string())),
-        )
+    eventually(PATIENCE, "the relay to log the held row", || {
+        std::future::ready(relay.stderr().lines().any(|l| {
+            l.contains("outbox event held")
+                && l.contains(&stuck.to_string())
+                && l.contains("no stream captures")
+        }))
     })
     .await;
     relay.terminate();
     assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
     assert_no_secret(&relay.stderr());
-    assert_eq!(attempts(capped).await, 2, "left alone at the cap");
-    assert_eq!(attempts(held).await, 0, "held behind it, never attempted");
+    assert_eq!(
+        attempts(stuck).await,
+        1,
+        "one attempt: the broker's answer, then held"
+    );
+    assert_eq!(attempts(behind).await, 0, "held behind it, never attempted");
 
     let out = run([
         "status",
@@ -987,7 +985,7 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
         &url,
         "--max-attempts",
         "2",
-        "--max-at-cap",
+        "--max-held",
         "0",
         "--json",
     ])
@@ -995,8 +993,28 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
     out.expect_code(1);
     let v: Value = serde_json::from_str(&out.stdout).expect("JSON");
     assert_eq!(
-        (v["unpublished"].as_i64(), v["at_cap"].as_i64()),
-        (Some(2), Some(1))
+        (
+            v["unpublished"].as_i64(),
+            v["held_total"].as_i64(),
+            v["at_cap"].as_i64()
+        ),
+        (Some(2), Some(1), Some(0))
+    );
+    assert_eq!(
+        v["held"][0]["id"].as_str(),
+        Some(stuck.to_string().as_str())
+    );
+    let reason = v["held"][0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("no stream captures") && reason.contains(&event_type),
+        "{reason}"
+    );
+    let text = run(["status", "--database-url", &url]).await;
+    text.expect_code(0);
+    assert!(
+        text.stdout.contains(&stuck.to_string()) && text.stdout.contains("no stream captures"),
+        "the held row and its reason in the status: {}",
+        text.stdout
     );
 
     // The cause is fixed, then the row is unblocked by its id.
@@ -1012,23 +1030,23 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
             "2".into(),
         ])
     };
-    let out = unblock(held).await;
+    let out = unblock(behind).await;
     out.expect_code(0).assert_clean();
     assert_eq!(
         out.stdout.trim(),
         "0 row(s) will be published again",
-        "a row below the cap is not touched"
+        "a row that is not held is not touched"
     );
-    let out = unblock(capped).await;
+    let out = unblock(stuck).await;
     out.expect_code(0).assert_clean();
     assert_eq!(
         out.stdout.lines().collect::<Vec<_>>(),
         [
-            format!("unblocked {capped}").as_str(),
+            format!("unblocked {stuck}").as_str(),
             "1 row(s) will be published again"
         ]
     );
-    assert_eq!(attempts(capped).await, 0);
+    assert_eq!(attempts(stuck).await, 0);
 
     let mut relay = Running::spawn(&[
         "relay",
@@ -1054,8 +1072,8 @@ async fn unblock_republishes_a_capped_row_with_its_id() {
         .collect();
     assert_eq!(
         got,
-        [(capped.to_string(), capped), (held.to_string(), held)],
-        "the unblocked row keeps its id, and the held row follows it"
+        [(stuck.to_string(), stuck), (behind.to_string(), behind)],
+        "the unblocked row keeps its id, and the one behind it follows"
     );
     ctx.delete_stream().await;
 
@@ -1386,4 +1404,119 @@ async fn nats_user_password_nkey_and_token_authenticate_and_a_refusal_is_clear()
         "the token was printed:\n{}",
         refused.stderr
     );
+}
+
+/// Sends `signal` (`STOP`, `CONT`, `KILL`) to the process `pid` only.
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// The advisory locks of the relay's namespace held by sessions that are idle in a
+/// transaction: a batch whose relay stopped answering.
+async fn frozen_batch_locks(db: &TestDb) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from pg_locks l join pg_stat_activity a on a.pid = l.pid \
+          where l.locktype = 'advisory' and l.classid = $1::oid and l.granted \
+            and a.state = 'idle in transaction'",
+    )
+    .bind(i64::from(outbox_runtime::relay::LOCK_NAMESPACE))
+    .fetch_one(&db.pool)
+    .await
+    .expect("read pg_locks")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_frozen_mid_batch_releases_its_subjects_within_seconds() {
+    const EVENTS: i64 = 20_000;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("frozen.row.changed");
+    let url = db_url(&ctx.db);
+    let nats = nats_url();
+    let expected: Vec<(Uuid, String)> = sqlx::query_as(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+         select gen_random_uuid(), $1, 'billing', 's-' || (g % 200), now(), jsonb_build_object('n', g), \
+                now() + g * interval '1 microsecond' \
+           from generate_series(1, $2) g order by g returning id, subject",
+    )
+    .bind(&event_type)
+    .bind(EVENTS)
+    .fetch_all(ctx.pool())
+    .await
+    .unwrap();
+    // One relay drains the backlog; it is frozen (SIGSTOP, as a paused VM or a stopped process)
+    // while a batch of it is open.
+    let mut frozen = Running::spawn(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--nats-url",
+        &nats,
+        "--lanes",
+        "1",
+    ]);
+    let pid = frozen.child.id();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        assert!(
+            tries < 50,
+            "never caught the relay inside a batch: {}",
+            frozen.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        signal(pid, "STOP");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if frozen_batch_locks(&ctx.db).await > 0 {
+            break;
+        }
+        signal(pid, "CONT");
+    }
+    let unpublished = ctx.db.unpublished().await;
+    assert!(unpublished > 0, "the backlog is not drained yet");
+    // A healthy relay starts beside it: every subject is published within ack_timeout + 10 s,
+    // once the frozen batch's transaction has been ended by the server.
+    let config = outbox_runtime::RelayConfig::default();
+    let pool = ctx.db.new_pool(config.pool_size()).await;
+    let js = async_nats::jetstream::new(outbox_testkit::connect_nats(&nats).await);
+    let healthy = std::sync::Arc::new(
+        outbox_runtime::Relay::new(pool, js, config.clone())
+            .await
+            .unwrap(),
+    );
+    let (stop, running) = outbox_testkit::run_relay(healthy.clone());
+    eventually(
+        config.ack_timeout + Duration::from_secs(10),
+        "the healthy relay publishes every subject",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    assert_eq!(
+        frozen_batch_locks(&ctx.db).await,
+        0,
+        "the frozen batch's locks are gone"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    // The frozen relay wakes up to a dead connection: it gives its batch up and stops cleanly.
+    signal(pid, "CONT");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    frozen.terminate();
+    frozen.wait().await;
+    let mut per_subject: HashMap<String, Vec<Uuid>> = HashMap::new();
+    for (id, subject) in expected {
+        per_subject.entry(subject).or_default().push(id);
+    }
+    let mut seen: HashMap<String, Vec<Uuid>> = HashMap::new();
+    for m in ctx.read_stream().await {
+        seen.entry(m.envelope.subject.clone())
+            .or_default()
+            .push(m.envelope.id);
+    }
+    assert_eq!(seen, per_subject, "every event once, each subject in order");
+    ctx.delete_stream().await;
 }

@@ -151,6 +151,11 @@ impl EmitExt for PgConnection {
 }
 
 fn check_raw(schemas: &Schemas, event: &RawEvent) -> Result<()> {
+    crate::naming::check_event_type(&event.event_type).map_err(|reason| Error::InvalidName {
+        what: "event type",
+        value: crate::naming::shorten(&event.event_type).into_owned(),
+        reason,
+    })?;
     for (what, value) in [("source", &event.source), ("subject", &event.subject)] {
         if value.is_empty() {
             return Err(Error::InvalidName {

@@ -8,6 +8,7 @@ mod envelope;
 mod error;
 mod event;
 pub mod metrics;
+mod naming;
 pub mod order;
 pub mod redact;
 pub mod relay;
@@ -34,11 +35,14 @@ pub use outbox_macros::OutboxEvent;
 ///   gives them;
 /// - `0002_outbox_consumer.sql`: the consumer dedupe table (`outbox_consumed`) and the
 ///   per-subject positions of [`order`];
-/// - `0003_outbox_retrying_idx.sql`: a small partial index on the subjects of rows that failed,
-///   which keeps the relay's claim fast during an outage backlog;
+/// - `0003_outbox_retrying_idx.sql`: a small partial index on the subjects of rows that failed
+///   (the relay's claim read it until 0005 replaced it with its own table; kept, as it costs
+///   nothing on the emit path);
 /// - `0004_outbox_events_fillfactor.sql`: `fillfactor = 50` on the outbox table, so that the
 ///   relay's mark writes each row's new version on the row's own page (a quarter less time per
-///   mark; the table ends up no larger).
+///   mark; the table ends up no larger);
+/// - `0005_outbox_retries.sql`: the relay's retry schedule (`outbox_retries`), one row per
+///   subject whose oldest unpublished event failed or is held, shared by every relay.
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting).
@@ -48,7 +52,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 ///
 /// sqlx records migrations in one table, `_sqlx_migrations`, shared with the service's own
 /// `sqlx::migrate!` migrations. This tolerates the service's entries (it ignores versions it does
-/// not know), and the service's migrator must do the same for the outbox's four
+/// not know), and the service's migrator must do the same for the outbox's five
 /// (`set_ignore_missing(true)`); `sqlx migrate add` names files by timestamp, so the versions do
 /// not collide. If the service numbers its migrations 1, 2, 3, … they do collide and this
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder

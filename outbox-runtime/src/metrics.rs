@@ -15,6 +15,25 @@ pub const PUBLISH_FAILURES: &str = "outbox_publish_failures_total";
 /// Counter: publishes JetStream acknowledged as duplicates of a message it already stored under
 /// the same `Nats-Msg-Id` (a republish after a crash or a lost ack). Counted as published too.
 pub const DUPLICATES: &str = "outbox_publish_duplicates_total";
+/// Counter: rows held because they cannot be published as they are, labelled `event_type` and
+/// `cause`: `attempt_cap`, `no_stream` (no stream captures the type), `max_payload`,
+/// `refused` (the stream's own limits), `invalid_event_type`, `unreadable` (a column the relay
+/// cannot read). Each holds its subject until an operator releases it. Alert on any.
+pub const HELD: &str = "outbox_events_held_total";
+/// Counter: rows a batch did not attempt because the broker could not take them (`reason`:
+/// `not_connected`, `election` for "no responders" or "JetStream temporarily unavailable"
+/// while a stream captures the type, `deadline` or `timeout` while the connection was down).
+/// No attempt is counted on the row; it goes again shortly.
+pub const NOT_ATTEMPTED: &str = "outbox_publish_not_attempted_total";
+/// Counter: batches whose every claimed row waited behind an older row of its subject that
+/// another transaction held (a lock taken outside the relay, typically). Those subjects pause.
+pub const CUT_BATCHES: &str = "outbox_relay_batches_cut_total";
+/// Gauge: 1 when the stream (label `stream`) remembers message ids for less than the relay's
+/// retry horizon, so that a republished event may be stored twice; 0 once it does.
+pub const SHORT_DUPLICATE_WINDOW: &str = "outbox_stream_duplicate_window_short";
+/// Gauge: 1 while the relay's `LISTEN` connection is up and answers its heartbeat, 0 while it
+/// is not (the relay then finds new rows by its fallback poll only).
+pub const LISTENING: &str = "outbox_relay_listening";
 /// Histogram: rows claimed per committed relay batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 /// Histogram: seconds from a row's `created_at` to its publish ack (commit-to-ack lag, plus
@@ -30,7 +49,10 @@ pub const OLDEST_UNPUBLISHED_AGE: &str = "outbox_oldest_unpublished_age_seconds"
 pub const UNPUBLISHED: &str = "outbox_unpublished";
 /// Gauge: unpublished rows at or past the attempt cap right now. Alert on any.
 pub const ROWS_AT_CAP: &str = "outbox_rows_at_attempt_cap";
-/// Gauge: Unix time in seconds of the last refresh of the three gauges above. They keep their
+/// Gauge: rows held right now (at the attempt cap, or refused for good): each holds its
+/// subject until an operator releases it (`outbox unblock`). Alert on any.
+pub const ROWS_HELD: &str = "outbox_rows_held";
+/// Gauge: Unix time in seconds of the last refresh of the gauges above. They keep their
 /// last values while Postgres cannot be read; alert when this falls behind the clock.
 pub const GAUGES_REFRESHED_AT: &str = "outbox_gauges_refreshed_at_seconds";
 /// Counter: rows deleted by retention, labelled `table`.

@@ -1,5 +1,5 @@
-//! What operators alert on: the backlog, the oldest unpublished event, attempts, rows at the
-//! attempt cap; and `unblock`, which lets capped rows publish again.
+//! What operators alert on: the backlog, the oldest unpublished event, attempts, the held rows
+//! and why each is held; and `unblock`, which releases held rows so that they publish again.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::metrics as m;
-use crate::table::OUTBOX_EVENTS;
+use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
 
 /// A snapshot of the outbox table's unpublished rows.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -28,6 +28,31 @@ pub struct Status {
     pub attempts: Vec<(i32, i64)>,
     /// The same figures per event type, sorted by type.
     pub by_type: Vec<TypeStatus>,
+    /// Subjects backing off after a failed publish (their next attempt is scheduled).
+    pub backing_off: i64,
+    /// The held rows, oldest first (at most [`HELD_SHOWN`]; [`Status::held_total`] counts
+    /// them all): each holds its subject until an operator releases it.
+    pub held: Vec<Held>,
+    /// All held rows.
+    pub held_total: i64,
+}
+
+/// How many held rows [`status`] lists.
+pub const HELD_SHOWN: i64 = 100;
+
+/// A held row, with the reason.
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+pub struct Held {
+    /// The event id.
+    pub id: Uuid,
+    /// Its event type, as the row has it.
+    pub event_type: String,
+    /// The held subject.
+    pub subject: String,
+    /// Attempts so far.
+    pub attempts: i32,
+    /// Why it is held.
+    pub reason: String,
 }
 
 /// [`Status`] figures for one event type.
@@ -95,6 +120,9 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
         max_attempts,
         attempts: Vec::new(),
         by_type: Vec::new(),
+        backing_off: 0,
+        held: Vec::new(),
+        held_total: 0,
     };
     for row in rows {
         let event_type: String = row.try_get("event_type")?;
@@ -124,6 +152,27 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
         }
     }
     status.attempts.sort_unstable();
+    let (held_total, backing_off): (i64, i64) = sqlx::query_as(
+        "select count(*) filter (where retry_at is null), count(*) filter (where retry_at is not null) \
+           from outbox_retries",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| OUTBOX_RETRIES.error(e))?;
+    status.held_total = held_total;
+    status.backing_off = backing_off;
+    if held_total > 0 {
+        status.held = sqlx::query_as(
+            "select e.id, e.event_type, e.subject, e.attempts, r.reason \
+               from outbox_retries r join outbox_events e on e.id = r.event_id \
+              where r.retry_at is null and e.published_at is null \
+              order by r.since, e.id limit $1",
+        )
+        .bind(HELD_SHOWN)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| OUTBOX_RETRIES.error(e))?;
+    }
     Ok(status)
 }
 
@@ -139,6 +188,7 @@ pub async fn record_gauges(pool: &PgPool, max_attempts: i32) -> Result<Status> {
         .set(s.oldest_unpublished_age.map_or(0.0, |d| d.as_secs_f64()));
     metrics::gauge!(m::UNPUBLISHED).set(s.unpublished as f64);
     metrics::gauge!(m::ROWS_AT_CAP).set(s.at_cap as f64);
+    metrics::gauge!(m::ROWS_HELD).set(s.held_total as f64);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -146,40 +196,47 @@ pub async fn record_gauges(pool: &PgPool, max_attempts: i32) -> Result<Status> {
     Ok(s)
 }
 
-/// Which capped rows [`unblock`] resets.
+/// Which held rows [`unblock`] releases.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unblock {
     /// These event ids.
     Ids(Vec<Uuid>),
-    /// Every capped row of this event type.
+    /// Every held row of this event type.
     EventType(String),
-    /// Every capped row of this subject.
+    /// Every held row of this subject.
     Subject(String),
-    /// Every capped row.
+    /// Every held row.
     All,
 }
 
-/// Resets `attempts` to 0 on the unpublished rows at or past `max_attempts` that `which`
-/// selects, so the relay publishes them again, with their original id. Returns their ids.
+/// Releases the held rows that `which` selects: rows the relay holds (at the attempt cap, or
+/// refused for good: no stream for their type, over `max_payload`, a row it cannot read) and
+/// rows at or past `max_attempts`. Their `attempts` go back to 0 and their subject's schedule
+/// is dropped, so the relay publishes them again, with their original id, then the events
+/// held behind them, in order. Returns their ids. The relay is woken at once.
 ///
-/// Only capped, unpublished rows are touched; fix the cause first (a stream for the subject, a
-/// larger `max_payload`), or the rows will climb back to the cap. The relay is woken at once.
+/// Fix the cause first (a stream for the type, a larger `max_payload`, the row itself), or
+/// the rows will be held again.
 pub async fn unblock(pool: &PgPool, which: &Unblock, max_attempts: i32) -> Result<Vec<Uuid>> {
     let (filter, ids, text) = match which {
-        Unblock::Ids(ids) => ("id = any($2)", ids.clone(), String::new()),
-        Unblock::EventType(t) => ("event_type = $3", Vec::new(), t.clone()),
-        Unblock::Subject(s) => ("subject = $3", Vec::new(), s.clone()),
+        Unblock::Ids(ids) => ("e.id = any($2)", ids.clone(), String::new()),
+        Unblock::EventType(t) => ("e.event_type = $3", Vec::new(), t.clone()),
+        Unblock::Subject(s) => ("e.subject = $3", Vec::new(), s.clone()),
         Unblock::All => ("true", Vec::new(), String::new()),
     };
     let sql = format!(
-        "with reset as ( \
-           update outbox_events set attempts = 0 \
-            where published_at is null and attempts >= $1 \
+        "with target as ( \
+           select e.id from outbox_events e \
+            where e.published_at is null \
               and ($2::uuid[] is not null and $3::text is not null) and {filter} \
-           returning id), \
-         wake as (select pg_notify('{}', '') from reset limit 1) \
-         select id from reset, (select count(*) from wake) w",
-        crate::NOTIFY_CHANNEL
+              and (e.attempts >= $1 \
+                   or exists (select 1 from outbox_retries r where r.event_id = e.id and r.retry_at is null))), \
+         reset as (update outbox_events e set attempts = 0 from target t where e.id = t.id returning e.id), \
+         released as (delete from outbox_retries r using target t where r.event_id = t.id returning 1), \
+         wake as (select pg_notify('{}', '{}') from (select 1 from target limit 1) x) \
+         select id from reset, (select count(*) from wake) w, (select count(*) from released) d",
+        crate::NOTIFY_CHANNEL,
+        crate::relay::listen::RELEASE,
     );
     let ids: Vec<Uuid> = sqlx::query_scalar(&sql)
         .bind(max_attempts)
@@ -187,22 +244,9 @@ pub async fn unblock(pool: &PgPool, which: &Unblock, max_attempts: i32) -> Resul
         .bind(text)
         .fetch_all(pool)
         .await
-        .map_err(db)?;
+        .map_err(|e| OUTBOX_RETRIES.error(e))?;
     for id in &ids {
-        tracing::info!(event_id = %id, "unblocked: attempts reset, the relay will publish it again");
+        tracing::info!(event_id = %id, "released: the relay will publish it again");
     }
     Ok(ids)
-}
-
-/// [`record_gauges`] at start and every `interval`, for as long as the relay that runs it: the
-/// gauges operators alert on exist wherever a relay runs, in a service or in `outbox relay`.
-pub(crate) async fn refresh_gauges(pool: PgPool, max_attempts: i32, interval: Duration) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if let Err(e) = record_gauges(&pool, max_attempts).await {
-            tracing::debug!(error = %e, "outbox backlog gauges not refreshed");
-        }
-    }
 }

@@ -30,6 +30,12 @@ pub(crate) const SUBJECT_POSITIONS: Table = Table {
     migration: "0002_outbox_consumer.sql",
 };
 
+/// The relay's retry schedule.
+pub(crate) const OUTBOX_RETRIES: Table = Table {
+    name: "outbox_retries",
+    migration: "0005_outbox_retries.sql",
+};
+
 impl Table {
     /// `e`, with "relation does not exist" turned into [`Error::MissingTable`] naming this
     /// table's migration.

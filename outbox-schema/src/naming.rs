@@ -11,6 +11,54 @@ pub const SUBJECT_KEYWORD: &str = "x-outbox-subject";
 /// (4 KiB) with room to spare, and no sensible type comes near it.
 pub const MAX_EVENT_TYPE_LEN: usize = 255;
 
+/// Checks the part of the rules that makes an event type publishable at all: one NATS subject
+/// the relay may send to and a subscriber's filter can match. Non-empty, at most
+/// [`MAX_EVENT_TYPE_LEN`] bytes, no wildcards (`*`, `>`), no `$`, no whitespace or control
+/// characters, no empty tokens. The relay holds a row that breaks these (rows are written by
+/// hand too), and `emit_raw` refuses it; the full rules ([`check_event_type`]) are for the
+/// contract's schema files, checked at build time.
+///
+/// The error says what is wrong in words that fit after "invalid event type `x`: ".
+///
+/// ```
+/// use outbox_schema::naming::check_subject;
+///
+/// assert!(check_subject("billing.subscription.created").is_ok());
+/// assert!(check_subject("tenant7.billing.subscription.created").is_ok());
+/// assert!(check_subject("acme.order.*").is_err());
+/// assert!(check_subject("acme..order").is_err());
+/// ```
+pub fn check_subject(event_type: &str) -> Result<(), String> {
+    if event_type.len() > MAX_EVENT_TYPE_LEN {
+        return Err(format!(
+            "it has {} bytes; an event type has at most {MAX_EVENT_TYPE_LEN}",
+            event_type.len()
+        ));
+    }
+    if event_type.is_empty() {
+        return Err("it is empty; expected `<domain>.<entity>.<action>`".into());
+    }
+    if let Some(c) = event_type
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '*' | '>' | '$'))
+    {
+        let what = match c {
+            '*' | '>' => format!("`{c}` is a NATS wildcard"),
+            '$' => "`$` is reserved for NATS system subjects".to_owned(),
+            _ => "whitespace and control characters are not allowed".to_owned(),
+        };
+        return Err(format!(
+            "{what}; an event type names exactly one subject, like `billing.subscription.created`"
+        ));
+    }
+    if event_type.split('.').any(str::is_empty) {
+        return Err(
+            "it has an empty token (two dots in a row, or a leading or trailing dot)".into(),
+        );
+    }
+    Ok(())
+}
+
 /// Checks an event type: `<domain>.<entity>.<action>` with an optional `.v<N>` (N >= 2) suffix;
 /// tokens are lowercase ASCII `[a-z][a-z0-9_]*`; at most [`MAX_EVENT_TYPE_LEN`] bytes.
 ///
@@ -26,28 +74,7 @@ pub const MAX_EVENT_TYPE_LEN: usize = 255;
 /// assert!(check_event_type(&format!("a.b.{}", "c".repeat(300))).is_err());
 /// ```
 pub fn check_event_type(event_type: &str) -> Result<(), String> {
-    if event_type.len() > MAX_EVENT_TYPE_LEN {
-        return Err(format!(
-            "it has {} bytes; an event type has at most {MAX_EVENT_TYPE_LEN}",
-            event_type.len()
-        ));
-    }
-    if event_type.is_empty() {
-        return Err("it is empty; expected `<domain>.<entity>.<action>`".into());
-    }
-    if let Some(c) = event_type
-        .chars()
-        .find(|c| c.is_whitespace() || matches!(c, '*' | '>' | '$'))
-    {
-        let what = match c {
-            '*' | '>' => format!("`{c}` is a NATS wildcard"),
-            '$' => "`$` is reserved for NATS system subjects".to_owned(),
-            _ => "whitespace is not allowed".to_owned(),
-        };
-        return Err(format!(
-            "{what}; an event type names exactly one subject, like `billing.subscription.created`"
-        ));
-    }
+    check_subject(event_type)?;
     let tokens: Vec<&str> = event_type.split('.').collect();
     let versioned = tokens.len() == 4 && is_version(tokens[3]);
     let names = if versioned { &tokens[..3] } else { &tokens[..] };

@@ -1,74 +1,71 @@
-//! [`SubjectBackoff`]: the subjects this relay is backing off, and when each may be tried
-//! again (docs/relay.md, *Backoff*).
+//! [`SubjectBackoff`]: the subjects one relay leaves out of its claims for a few seconds, and
+//! when each may be tried again: subjects the broker could not take (an election) and subjects
+//! cut at a row another transaction holds. Failures that count are scheduled in the shared
+//! `outbox_retries` table instead (docs/relay.md, *Backoff*).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::config::RelayConfig;
-
-/// One backed-off subject.
+/// One paused subject.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    failures: u32,
-    next_try: Instant,
+    pauses: u32,
+    until: Instant,
 }
 
-/// The per-subject retry schedule of one relay: the n-th consecutive failure of a subject
-/// excludes it from this relay's claims for [`RelayConfig::backoff`]`(n)`; a success clears it.
-#[derive(Debug, Default)]
+/// A per-subject schedule kept in memory: the n-th consecutive pause of a subject lasts
+/// `base * 2^(n-1)`, capped at `max`; a publish of the subject clears it.
+#[derive(Debug)]
 pub(super) struct SubjectBackoff {
+    base: Duration,
+    max: Duration,
     entries: Mutex<HashMap<String, Entry>>,
 }
 
 impl SubjectBackoff {
+    /// A schedule from `base` doubling up to `max`.
+    pub(super) fn new(base: Duration, max: Duration) -> Self {
+        SubjectBackoff {
+            base,
+            max,
+            entries: Mutex::default(),
+        }
+    }
+
     fn entries(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The subjects a claim must skip at `now`. Entries whose retry time passed more than
-    /// `forget` ago are dropped: another relay may have published the subject meanwhile, and
-    /// this one would never hear of it.
-    pub(super) fn excluded(&self, now: Instant, forget: std::time::Duration) -> Vec<String> {
+    /// The subjects a claim must leave out at `now`. Entries whose time passed more than
+    /// `forget` ago are dropped (their next pause starts the schedule afresh).
+    pub(super) fn excluded(&self, now: Instant, forget: Duration) -> Vec<String> {
         let mut entries = self.entries();
-        entries.retain(|_, b| b.next_try + forget > now);
+        entries.retain(|_, e| e.until + forget > now);
         entries
             .iter()
-            .filter(|(_, b)| b.next_try > now)
+            .filter(|(_, e)| e.until > now)
             .map(|(s, _)| s.clone())
             .collect()
     }
 
-    /// The earliest retry time still ahead of `now`.
-    pub(super) fn next_retry(&self, now: Instant) -> Option<Instant> {
+    /// The earliest end of a pause still ahead of `now`.
+    pub(super) fn next_end(&self, now: Instant) -> Option<Instant> {
         self.entries()
             .values()
-            .map(|b| b.next_try)
+            .map(|e| e.until)
             .filter(|t| *t > now)
             .min()
     }
 
-    /// The subjects backed off at `now`, with their consecutive failures, sorted.
-    pub(super) fn backed_off(&self, now: Instant) -> Vec<(String, u32)> {
-        let mut v: Vec<(String, u32)> = self
-            .entries()
-            .iter()
-            .filter(|(_, b)| b.next_try > now)
-            .map(|(s, b)| (s.clone(), b.failures))
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// A batch's outcome: `published` subjects are cleared, each of `failed` has one more
-    /// consecutive failure and its next try scheduled from `now`.
+    /// `published` subjects are cleared; each of `paused` is paused once more from `now`.
     pub(super) fn settle<'a>(
         &self,
         published: impl IntoIterator<Item = &'a str>,
-        failed: impl IntoIterator<Item = &'a str>,
+        paused: impl IntoIterator<Item = &'a str>,
         now: Instant,
-        config: &RelayConfig,
     ) {
         let mut entries = self.entries();
         if !entries.is_empty() {
@@ -76,75 +73,69 @@ impl SubjectBackoff {
                 entries.remove(subject);
             }
         }
-        for subject in failed {
+        for subject in paused {
             let entry = entries.entry(subject.to_owned()).or_insert(Entry {
-                failures: 0,
-                next_try: now,
+                pauses: 0,
+                until: now,
             });
-            entry.failures += 1;
-            entry.next_try = now + config.backoff(entry.failures);
+            entry.pauses += 1;
+            let factor = 1u32 << (entry.pauses - 1).min(20);
+            entry.until = now + self.base.saturating_mul(factor).min(self.max);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
-    fn config() -> RelayConfig {
-        RelayConfig {
-            backoff_base: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(8),
-            ..RelayConfig::default()
-        }
+    fn backoff() -> SubjectBackoff {
+        SubjectBackoff::new(Duration::from_secs(1), Duration::from_secs(8))
     }
 
     #[test]
-    fn consecutive_failures_double_the_wait_up_to_the_cap() {
-        let b = SubjectBackoff::default();
+    fn consecutive_pauses_double_up_to_the_cap() {
+        let b = backoff();
         let t0 = Instant::now();
         let mut waits = Vec::new();
         for _ in 0..6 {
-            b.settle([], ["s"], t0, &config());
-            waits.push(b.next_retry(t0).unwrap() - t0);
+            b.settle([], ["s"], t0);
+            waits.push((b.next_end(t0).unwrap() - t0).as_secs());
         }
-        let secs: Vec<u64> = waits.iter().map(Duration::as_secs).collect();
-        assert_eq!(secs, [1, 2, 4, 8, 8, 8]);
-        assert_eq!(b.backed_off(t0), [("s".to_owned(), 6)]);
+        assert_eq!(waits, [1, 2, 4, 8, 8, 8]);
     }
 
     #[test]
-    fn a_success_clears_the_subject() {
-        let b = SubjectBackoff::default();
+    fn a_publish_clears_the_subject() {
+        let b = backoff();
         let t0 = Instant::now();
-        b.settle([], ["a", "b"], t0, &config());
-        b.settle(["a"], [], t0, &config());
+        b.settle([], ["a", "b"], t0);
+        b.settle(["a"], [], t0);
         assert_eq!(b.excluded(t0, Duration::from_secs(16)), ["b"]);
     }
 
     #[test]
-    fn a_subject_is_excluded_until_its_retry_time_and_forgotten_later() {
-        let b = SubjectBackoff::default();
+    fn a_subject_is_left_out_until_its_time_and_forgotten_later() {
+        let b = backoff();
         let t0 = Instant::now();
-        b.settle([], ["s"], t0, &config()); // retry at t0 + 1 s
+        b.settle([], ["s"], t0); // until t0 + 1 s
         let forget = Duration::from_secs(16);
         assert_eq!(b.excluded(t0, forget), ["s"]);
         let due = t0 + Duration::from_secs(1);
         assert!(b.excluded(due, forget).is_empty(), "due: claimable again");
-        assert!(b.backed_off(due).is_empty());
-        assert!(b.next_retry(due).is_none());
-        // still remembered (a failure now would be the second in a row) ...
-        b.settle([], ["s"], due, &config());
-        assert_eq!(b.backed_off(due), [("s".to_owned(), 2)]);
-        // ... until `forget` after its retry time
+        assert!(b.next_end(due).is_none());
+        b.settle([], ["s"], due);
+        assert_eq!(
+            b.next_end(due),
+            Some(due + Duration::from_secs(2)),
+            "the second pause in a row"
+        );
         let late = due + Duration::from_secs(2) + forget;
         assert!(b.excluded(late, forget).is_empty());
-        b.settle([], ["s"], late, &config());
+        b.settle([], ["s"], late);
         assert_eq!(
-            b.backed_off(late),
-            [("s".to_owned(), 1)],
+            b.next_end(late),
+            Some(late + Duration::from_secs(1)),
             "a fresh schedule"
         );
     }

@@ -9,7 +9,7 @@ use tokio::time::timeout;
 
 use super::config::RelayConfig;
 use crate::error::{Error, Result};
-use crate::table::OUTBOX_EVENTS;
+use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
 
 /// The pool allows a connection per lane and one for `LISTEN`.
 pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
@@ -24,19 +24,40 @@ pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
     Ok(())
 }
 
-/// Postgres answers and has the outbox table.
-pub(super) async fn table(pool: &PgPool) -> Result<()> {
-    sqlx::query("select 1 from outbox_events limit 0")
-        .execute(pool)
+/// Postgres answers, is recent enough, and has the outbox table and the relay's retry
+/// schedule.
+pub(super) async fn tables(pool: &PgPool) -> Result<()> {
+    let unreachable = |e: sqlx::Error| {
+        let o = pool.connect_options();
+        Error::unreachable("postgres", format!("{}:{}", o.get_host(), o.get_port()), e)
+    };
+    for table in [OUTBOX_EVENTS, OUTBOX_RETRIES] {
+        let probe = format!("select 1 from {} limit 0", table.name);
+        sqlx::query(&probe).execute(pool).await.map_err(|e| {
+            if super::is_connection_error(&e) {
+                unreachable(e)
+            } else {
+                table.error(e)
+            }
+        })?;
+    }
+    let version: i32 = sqlx::query_scalar("select current_setting('server_version_num')::int")
+        .fetch_one(pool)
         .await
         .map_err(|e| {
             if super::is_connection_error(&e) {
-                let o = pool.connect_options();
-                Error::unreachable("postgres", format!("{}:{}", o.get_host(), o.get_port()), e)
+                unreachable(e)
             } else {
-                OUTBOX_EVENTS.error(e)
+                Error::Database(e)
             }
         })?;
+    if version < 130_000 {
+        return Err(Error::Config(format!(
+            "Postgres {}.{} is too old for the relay, which needs 13 or later (pg_current_snapshot, incremental sorts)",
+            version / 10_000,
+            version % 10_000 / 100
+        )));
+    }
     Ok(())
 }
 
@@ -83,7 +104,7 @@ pub(super) async fn streams(jetstream: &jetstream::Context, config: &RelayConfig
             return Err(Error::Stream {
                 stream: name,
                 reason: format!(
-                    "duplicate window {:?} is shorter than the relay's retry horizon {:?} (backoff_max + ack_timeout): a republished row could be stored twice; raise the stream's duplicate_window or lower backoff_max",
+                    "duplicate window {:?} is shorter than the relay's retry horizon {:?} (ack_timeout + backoff_max + 15 s, RelayConfig::retry_horizon): a republished row could be stored twice; raise the stream's duplicate_window or lower backoff_max",
                     info.config.duplicate_window, horizon
                 ),
             });

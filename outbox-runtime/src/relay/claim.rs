@@ -1,43 +1,54 @@
 //! [`Claim`]: one batch's transaction, from the claim of its rows to their marks and the
-//! commit (docs/relay.md, *One batch* and *Order*).
+//! commit (docs/relay.md, *One batch*, *Order* and *Parked subjects*).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sqlx::{Postgres, Transaction};
+use sqlx::postgres::PgRow;
+use sqlx::Row as _;
 use tokio::time::Instant;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::floor::Floor;
 use super::lanes::{Lane, Waiting};
 use super::message::Trace;
-use super::publish::{self, Settled};
+use super::position::{Position, Stamp};
+use super::publish::{self, Publisher, Settled};
 use super::row::{Row, Tid};
+use super::settle::Effects;
 use super::sql;
-use super::stats::{self, BatchReport};
+use super::stats::BatchReport;
+use super::tx::{timed, Tx, STATEMENT_TIMEOUT};
 use super::{Relay, LOCK_NAMESPACE};
-use crate::error::{Error, Result};
-use crate::table::OUTBOX_EVENTS;
+use crate::error::Result;
+use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
 
 /// A claimed batch: its rows are locked in an open transaction until [`commit`](Self::commit).
 ///
-/// Dropping a claim without committing rolls the transaction back, as a crash would: rows that
-/// were published stay unpublished and are republished (same id) by a later batch.
+/// Dropping a claim without committing ends the transaction as a crash would (the connection
+/// is closed): rows that were published stay unpublished and are republished (same id) by a
+/// later batch.
 pub struct Claim<'r> {
     relay: &'r Relay,
-    tx: Transaction<'static, Postgres>,
+    tx: Tx,
     rows: Vec<Row>,
-    /// Indices into `rows` of the acknowledged rows.
-    acked: Vec<usize>,
-    /// Indices into `rows` of the rows whose publish failed, with the failure's reason.
-    failed: Vec<(usize, &'static str)>,
+    /// The first `due` rows are heads whose retry was due (their subjects are parked).
+    due: usize,
+    settled: Option<Settled>,
     report: BatchReport,
-    published: bool,
-    /// The partitions the claim took rows from.
     lane: Lane,
-    /// The backed-off subjects the claim skipped.
-    excluded: Vec<String>,
+    floor: Position,
+    /// Subjects this claim left out: paused by this relay, or cut at a hole.
+    paused: Vec<String>,
+    /// Subjects cut at a hole another transaction holds.
+    cut: Vec<String>,
+    /// Seconds until the earliest retry is due, on the database's clock.
+    next_retry: Option<f64>,
+    /// The floor to move back when a parked head is published, for claims made through
+    /// [`Relay::claim`] (a lane applies its batch's effects itself).
+    shared_floor: Option<&'r tokio::sync::Mutex<Floor>>,
 }
 
 impl fmt::Debug for Claim<'_> {
@@ -49,79 +60,234 @@ impl fmt::Debug for Claim<'_> {
     }
 }
 
+/// What the batch learns first ([`SETTINGS`](sql::SETTINGS)).
+struct Start {
+    parked: bool,
+    next_retry: Option<f64>,
+    xmin: u64,
+    xmax: u64,
+}
+
 impl<'r> Claim<'r> {
-    /// Claims the rows of `lane` in `tx` (a new transaction): the batch settings, the claim,
-    /// and the cut of each subject at its first hole.
+    /// Claims the rows of `lane` after its floor: the heads whose retry is due, then the
+    /// claimable rows, each subject cut at its first hole.
     pub(super) async fn begin(
         relay: &'r Relay,
-        mut tx: Transaction<'static, Postgres>,
         lane: Lane,
+        floor: &mut Floor,
+        shared_floor: Option<&'r tokio::sync::Mutex<Floor>>,
     ) -> Result<Claim<'r>> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
-            // a statement of its own rather than part of BEGIN: if it fails, dropping the
-            // transaction rolls it back and the pooled connection comes back clean
-            sqlx::query(sql::SETTINGS)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| OUTBOX_EVENTS.error(e))?;
-            let config = &relay.config;
-            let excluded = relay
-                .backoff
-                .excluded(Instant::now(), config.backoff_max * 2);
-            let rows: Vec<Row> = sqlx::query_as(sql::CLAIM)
-                .bind(config.batch_size as i64)
-                .bind(config.max_attempts)
-                .bind(&excluded)
-                .bind(LOCK_NAMESPACE)
-                .bind(config.partitions)
-                .bind(lane.count)
-                .bind(lane.index)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(|e| OUTBOX_EVENTS.error(e))?;
-            let claimed = rows.len();
-            let rows = drop_gaps(&mut tx, rows, &excluded, config.partitions, lane).await?;
-            tracing::Span::current().record("claimed", claimed);
-            let skipped = claimed - rows.len();
-            Ok(Claim {
+            let mut tx = Tx::begin(&relay.pool).await?;
+            let start = settings(&mut tx, relay).await?;
+            let now = Instant::now();
+            floor.begin(now, start.xmin);
+            let paused = relay.pauses.excluded(now, Duration::from_secs(60));
+            if floor.wants_advance(now, start.parked) {
+                let to = advance(&mut tx, relay, lane, floor.position(), &paused).await?;
+                floor.advanced(to, start.xmax, now);
+            }
+            let mut claim = Claim {
                 relay,
                 tx,
-                rows,
-                acked: Vec::new(),
-                failed: Vec::new(),
-                report: BatchReport {
-                    claimed,
-                    skipped,
-                    ..BatchReport::default()
-                },
-                published: false,
+                rows: Vec::new(),
+                due: 0,
+                settled: None,
+                report: BatchReport::default(),
                 lane,
-                excluded,
-            })
+                floor: floor.position(),
+                paused,
+                cut: Vec::new(),
+                next_retry: start.next_retry,
+                shared_floor,
+            };
+            if start.parked {
+                claim.rows = claim
+                    .fetch(sql::CLAIM_DUE, relay.config.batch_size, None)
+                    .await?;
+                claim.due = claim.rows.len();
+            }
+            claim.claim_rows().await?;
+            claim.report.claimed = claim.rows.len() + claim.report.skipped;
+            tracing::Span::current().record("claimed", claim.report.claimed);
+            Ok(claim)
         }
         .instrument(span)
         .await
     }
 
+    /// [`CLAIM_DUE`](sql::CLAIM_DUE) or [`CLAIM`](sql::CLAIM) (after `after`, or the floor), up
+    /// to `limit` rows.
+    async fn fetch(
+        &mut self,
+        statement: &'static str,
+        limit: usize,
+        after: Option<Position>,
+    ) -> Result<Vec<Row>> {
+        let config = &self.relay.config;
+        let lane = self.lane;
+        let from = after.unwrap_or(self.floor);
+        let query = sqlx::query(statement)
+            .bind(limit as i64)
+            .bind(config.partitions)
+            .bind(lane.count)
+            .bind(lane.index)
+            .bind(LOCK_NAMESPACE);
+        let query = if statement == sql::CLAIM {
+            query.bind(from.at_text()).bind(from.id).bind(&self.paused)
+        } else {
+            query
+        };
+        let rows: Vec<PgRow> = timed(OUTBOX_RETRIES, query.fetch_all(self.tx.conn())).await?;
+        rows.iter()
+            .map(Row::decode)
+            .collect::<sqlx::Result<Vec<Row>>>()
+            .map_err(|e| OUTBOX_EVENTS.error(e))
+    }
+
+    /// The main claim, cut at holes; when the cut leaves room in a full claim, once more after
+    /// it without the cut subjects, so that one subject's hole never uses up the batch.
+    async fn claim_rows(&mut self) -> Result<()> {
+        let limit = self.relay.config.batch_size - self.due;
+        if limit == 0 {
+            return Ok(());
+        }
+        let mut rows = self.fetch(sql::CLAIM, limit, None).await?;
+        let full = rows.len() == limit;
+        let last = rows.last().map(|r| r.position);
+        let mut cut = self.cut_holes(&mut rows).await?;
+        if full && !cut.is_empty() {
+            self.paused.extend(cut.iter().cloned());
+            let room = limit - rows.len();
+            let mut more = self.fetch(sql::CLAIM, room, last).await?;
+            rows.append(&mut more);
+            cut.extend(self.cut_holes(&mut rows).await?);
+        }
+        if !cut.is_empty() && rows.is_empty() && self.due == 0 {
+            metrics::counter!(crate::metrics::CUT_BATCHES).increment(1);
+            tracing::warn!(
+                subjects = cut.len(),
+                first = %cut[0],
+                "outbox relay: every row this batch claimed waits behind an older row of its subject that another transaction holds (a lock taken outside the relay?); those subjects pause, the others go on"
+            );
+        }
+        self.rows.append(&mut rows);
+        self.cut = cut;
+        Ok(())
+    }
+
+    /// Cuts each subject of `rows` (after the due heads) at its first hole: an unpublished row
+    /// after the floor, not after the subject's last claimed row, that the claim does not hold
+    /// ([`UNCLAIMED`](sql::UNCLAIMED) first: when it counts exactly the claim, there is none).
+    /// Returns the subjects cut; their rows stay locked and untouched until the transaction
+    /// ends, and count as skipped.
+    async fn cut_holes(&mut self, rows: &mut Vec<Row>) -> Result<Vec<String>> {
+        let Some(last) = rows.iter().map(|r| r.position).max() else {
+            return Ok(Vec::new());
+        };
+        let lane = self.lane;
+        let in_range: i64 = timed(
+            OUTBOX_EVENTS,
+            sqlx::query_scalar(sql::UNCLAIMED)
+                .bind(self.relay.config.partitions)
+                .bind(lane.count)
+                .bind(lane.index)
+                .bind(self.floor.at_text())
+                .bind(self.floor.id)
+                .bind(last.at_text())
+                .bind(last.id)
+                .bind(&self.paused)
+                .fetch_one(self.tx.conn()),
+        )
+        .await?;
+        if in_range == rows.len() as i64 {
+            return Ok(Vec::new());
+        }
+        let holes = self.holes(rows).await?;
+        if holes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let before = rows.len();
+        rows.retain(|r| holes.get(&r.subject).is_none_or(|hole| r.position < *hole));
+        self.report.skipped += before - rows.len();
+        let cut: Vec<String> = holes.into_keys().collect();
+        tracing::debug!(
+            subjects = cut.len(),
+            "outbox claim cut subjects at an older event it does not hold"
+        );
+        Ok(cut)
+    }
+
+    /// [`GAPS`](sql::GAPS) for the subjects of `rows`: each subject's first hole.
+    async fn holes(&mut self, rows: &[Row]) -> Result<HashMap<String, Position>> {
+        let mut last: HashMap<&str, Position> = HashMap::new();
+        for row in rows {
+            last.insert(row.subject.as_str(), row.position); // in order: the last one wins
+        }
+        let subjects: Vec<&str> = last.keys().copied().collect();
+        let ats: Vec<String> = last.values().map(Position::at_text).collect();
+        let ids: Vec<Uuid> = last.values().map(|p| p.id).collect();
+        let held: Vec<Uuid> = self.rows.iter().chain(rows).map(|r| r.id).collect();
+        let conn = self.tx.conn();
+        timed(
+            OUTBOX_EVENTS,
+            sqlx::query(sql::NESTLOOP_OFF).execute(&mut *conn),
+        )
+        .await?;
+        let found: Vec<PgRow> = timed(
+            OUTBOX_EVENTS,
+            sqlx::query(sql::GAPS)
+                .bind(&subjects)
+                .bind(&ats)
+                .bind(&ids)
+                .bind(self.floor.at_text())
+                .bind(self.floor.id)
+                .bind(&held)
+                .fetch_all(&mut *conn),
+        )
+        .await?;
+        timed(
+            OUTBOX_EVENTS,
+            sqlx::query(sql::NESTLOOP_ON).execute(&mut *conn),
+        )
+        .await?;
+        let mut holes = HashMap::new();
+        for row in &found {
+            let subject: String = row.try_get(0).map_err(|e| OUTBOX_EVENTS.error(e))?;
+            let micros: i64 = row
+                .try_get_unchecked(1)
+                .map_err(|e| OUTBOX_EVENTS.error(e))?;
+            let id: Uuid = row.try_get(2).map_err(|e| OUTBOX_EVENTS.error(e))?;
+            // an unreadable instant is before every claimed row: the whole subject is cut
+            let at = Stamp::from_pg_micros(micros).unwrap_or(Stamp::NegInfinity);
+            holes.insert(subject, Position { at, id });
+        }
+        Ok(holes)
+    }
+
     /// [`WAITING`](sql::WAITING), in this batch's transaction (and with its settings).
     pub(super) async fn waiting(&mut self) -> Result<Waiting> {
-        let found: Option<i32> = sqlx::query_scalar(sql::WAITING)
-            .bind(self.relay.config.max_attempts)
-            .bind(&self.excluded)
-            .bind(self.relay.config.partitions)
-            .bind(self.lane.count)
-            .bind(self.lane.index)
-            .fetch_optional(&mut *self.tx)
-            .await
-            .map_err(|e| OUTBOX_EVENTS.error(e))?;
+        let lane = self.lane;
+        let found: Option<i32> = timed(
+            OUTBOX_EVENTS,
+            sqlx::query_scalar(sql::WAITING)
+                .bind(self.relay.config.partitions)
+                .bind(lane.count)
+                .bind(lane.index)
+                .bind(self.floor.at_text())
+                .bind(self.floor.id)
+                .bind(&self.paused)
+                .fetch_optional(self.tx.conn()),
+        )
+        .await?;
         Ok(match found {
             Some(_) => Waiting::Elsewhere,
             None => Waiting::Nothing,
         })
     }
 
-    /// Number of rows claimed.
+    /// Number of rows claimed (and not cut).
     pub fn len(&self) -> usize {
         self.rows.len()
     }
@@ -131,7 +297,7 @@ impl<'r> Claim<'r> {
         self.rows.is_empty()
     }
 
-    /// The claimed event ids, in `created_at` order.
+    /// The claimed event ids, in the relay's order per subject.
     pub fn ids(&self) -> Vec<Uuid> {
         self.rows.iter().map(|r| r.id).collect()
     }
@@ -140,192 +306,154 @@ impl<'r> Claim<'r> {
     /// docs/relay.md) and returns what happened; nothing is written to the table until
     /// [`commit`](Self::commit). Calling it again does nothing and returns the same report.
     pub async fn publish(&mut self) -> BatchReport {
-        if self.published {
+        if self.settled.is_some() {
             return self.report;
         }
-        self.published = true;
         let trace = Trace::new();
         let span =
             tracing::debug_span!("outbox.publish", rows = self.rows.len(), trace_id = %trace.id());
-        let settled = publish::publish(
-            &self.rows,
-            &self.relay.jetstream,
-            &self.relay.config,
-            &trace,
-        )
-        .instrument(span)
-        .await;
-        self.settle(settled);
+        let to = Publisher {
+            jetstream: &self.relay.jetstream,
+            config: &self.relay.config,
+            streams: &self.relay.streams,
+        };
+        let settled = publish::publish(&self.rows, to, &trace)
+            .instrument(span)
+            .await;
+        self.report
+            .apply(&settled, &self.rows, self.relay.config.max_attempts);
+        self.settled = Some(settled);
         self.report
     }
 
-    /// Applies what publishing came to: the report, the subjects' backoff, the logs.
-    fn settle(&mut self, settled: Settled) {
-        let Settled {
-            acked,
-            duplicates,
-            failed,
-            skipped,
-        } = settled;
-        let config = &self.relay.config;
-        self.report.published += acked.len();
-        self.report.duplicates += duplicates;
-        self.report.skipped += skipped;
-        self.report.failed += failed.len();
-        self.relay.backoff.settle(
-            acked.iter().map(|&i| self.rows[i].subject.as_str()),
-            failed.iter().map(|(i, _)| self.rows[*i].subject.as_str()),
-            Instant::now(),
-            config,
-        );
-        for (i, failure) in &failed {
-            let row = &self.rows[*i];
-            if row.attempts + 1 >= config.max_attempts {
-                self.report.capped += 1;
-                tracing::error!(
-                    id = %row.id,
-                    event_type = %row.event_type,
-                    subject = %row.subject,
-                    attempts = row.attempts + 1,
-                    reason = failure.reason(),
-                    error = %failure,
-                    "outbox event reached the attempt cap: it is left unpublished and its subject is held until its attempts are reset",
-                );
-            } else {
-                tracing::debug!(id = %row.id, event_type = %row.event_type, reason = failure.reason(), error = %failure, "outbox publish failed");
-            }
-        }
-        if let Some((_, first)) = failed.first() {
-            tracing::warn!(
-                failed = failed.len(),
-                published = self.report.published,
-                first_reason = first.reason(),
-                first_error = %first,
-                "outbox relay: publishes failed; their subjects back off"
-            );
-        }
-        self.acked = acked;
-        self.failed = failed.into_iter().map(|(i, f)| (i, f.reason())).collect();
-    }
-
-    /// Marks the acknowledged rows published and the failed rows' `attempts + 1`, in one
-    /// statement each, and commits. Publishes first if [`publish`](Self::publish) was not
-    /// called.
+    /// Marks the acknowledged rows published and the failed rows' `attempts + 1`, parks the
+    /// subjects that failed or are held, and commits. Publishes first if
+    /// [`publish`](Self::publish) was not called.
     ///
     /// The commit is asynchronous (`synchronous_commit = off` for this transaction only): a
     /// Postgres crash can forget the marks of the last fraction of a second, and those rows are
     /// then republished under the same ids, which the stream's duplicate window and the
     /// consumers' dedupe absorb. Nothing can be lost this way: the events themselves were
     /// committed synchronously by the emitting transaction.
-    pub async fn commit(mut self) -> Result<BatchReport> {
-        self.publish().await;
-        let failed: Vec<usize> = self.failed.iter().map(|&(i, _)| i).collect();
-        for (statement, rows) in [
-            (sql::MARK_PUBLISHED, &self.acked),
-            (sql::MARK_FAILED, &failed),
-        ] {
-            if rows.is_empty() {
-                continue;
-            }
-            let ctids: Vec<Tid> = rows.iter().map(|&i| self.rows[i].ctid).collect();
-            let marked = sqlx::query(statement)
-                .bind(&ctids)
-                .execute(&mut *self.tx)
-                .await
-                .map_err(|e| OUTBOX_EVENTS.error(e))?
-                .rows_affected();
-            if marked != ctids.len() as u64 {
-                // cannot happen while the rows are locked; if it does, roll back: the rows
-                // stay unpublished and are republished under the same ids
-                return Err(Error::Database(sqlx::Error::Protocol(format!(
-                    "outbox mark updated {marked} of {} claimed rows; the batch is rolled back",
-                    ctids.len()
-                ))));
+    pub async fn commit(self) -> Result<BatchReport> {
+        let shared = self.shared_floor;
+        let relay = self.relay;
+        let effects = self.finish().await?;
+        relay
+            .pauses
+            .settle([], effects.pause.iter().map(String::as_str), Instant::now());
+        if let Some(floor) = shared {
+            let mut floor = floor.lock().await;
+            for position in &effects.released {
+                floor.pull_back(*position);
             }
         }
-        let Claim {
-            relay,
-            tx,
-            rows,
-            acked,
-            failed,
-            report,
-            ..
-        } = self;
-        tx.commit().await.map_err(|e| OUTBOX_EVENTS.error(e))?;
-        relay.counters.add(&report);
-        stats::record_batch(relay.config.max_attempts, &rows, &acked, &failed, &report);
-        Ok(report)
+        Ok(effects.report)
+    }
+
+    /// [`commit`](Self::commit), returning what the lane makes of it too.
+    pub(super) async fn finish(mut self) -> Result<Effects> {
+        self.publish().await;
+        let settled = self.settled.take().unwrap_or_default();
+        let effects = Effects::new(
+            &self.rows,
+            self.due,
+            &settled,
+            self.cut,
+            self.report,
+            self.next_retry,
+        );
+        super::settle::write(&mut self.tx, self.relay, &self.rows, self.due, &settled).await?;
+        self.tx.commit().await?;
+        super::settle::record(self.relay, &self.rows, &settled, &self.report);
+        Ok(effects)
     }
 
     /// Rolls the claim back without publishing: its rows and subjects are free for the next
     /// claim, of this relay or another.
-    pub(super) async fn release(self) -> Result<BatchReport> {
-        let report = self.report;
-        self.tx
-            .rollback()
-            .await
-            .map_err(|e| OUTBOX_EVENTS.error(e))?;
-        Ok(report)
+    pub(super) async fn release(self) -> Result<Effects> {
+        let effects = Effects::new(
+            &self.rows,
+            0,
+            &Settled::default(),
+            self.cut,
+            self.report,
+            self.next_retry,
+        );
+        self.tx.rollback().await?;
+        Ok(effects)
     }
 }
 
-/// Cuts each subject's claimed rows at the first hole (see [`GAPS`](sql::GAPS), run when
-/// [`UNCLAIMED`](sql::UNCLAIMED) finds rows the claim does not hold): a batch always holds a
-/// gap-free prefix of each subject's unpublished rows. The cut rows stay locked and untouched
-/// until the transaction ends; a later batch takes them, after the hole.
-async fn drop_gaps(
-    tx: &mut Transaction<'static, Postgres>,
-    rows: Vec<Row>,
-    excluded: &[String],
-    partitions: i32,
+/// [`SETTINGS`](sql::SETTINGS): the batch's own settings, and what it needs to know first.
+async fn settings(tx: &mut Tx, relay: &Relay) -> Result<Start> {
+    let statement_ms = STATEMENT_TIMEOUT.as_millis().to_string();
+    let idle_ms = relay
+        .config
+        .idle_in_transaction_timeout()
+        .as_millis()
+        .to_string();
+    let row: PgRow = timed(
+        OUTBOX_RETRIES,
+        sqlx::query(sql::SETTINGS)
+            .bind(statement_ms)
+            .bind(idle_ms)
+            .fetch_one(tx.conn()),
+    )
+    .await?;
+    let get = |e| OUTBOX_RETRIES.error(e);
+    let xid = |s: String| s.parse::<u64>().unwrap_or(0);
+    Ok(Start {
+        parked: row.try_get("parked").map_err(get)?,
+        next_retry: row.try_get("next_retry").map_err(get)?,
+        xmin: xid(row.try_get("xmin").map_err(get)?),
+        xmax: xid(row.try_get("xmax").map_err(get)?),
+    })
+}
+
+/// [`ADVANCE`](sql::ADVANCE): where the lane's floor may move.
+async fn advance(
+    tx: &mut Tx,
+    relay: &Relay,
     lane: Lane,
-) -> Result<Vec<Row>> {
-    let Some(latest) = rows.iter().map(|r| r.created_at).max() else {
-        return Ok(rows);
+    floor: Position,
+    paused: &[String],
+) -> Result<Option<Position>> {
+    let row: Option<PgRow> = timed(
+        OUTBOX_RETRIES,
+        sqlx::query(sql::ADVANCE)
+            .bind(relay.config.partitions)
+            .bind(lane.count)
+            .bind(lane.index)
+            .bind(floor.at_text())
+            .bind(floor.id)
+            .bind(paused)
+            .fetch_optional(tx.conn()),
+    )
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    // a row whose created_at cannot be read is not a place for the floor
+    let Ok(micros) = row.try_get_unchecked::<i64, _>(0) else {
+        return Ok(None);
     };
-    let in_range: i64 = sqlx::query_scalar(sql::UNCLAIMED)
-        .bind(latest)
-        .bind(excluded)
-        .bind(partitions)
-        .bind(lane.count)
-        .bind(lane.index)
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(|e| OUTBOX_EVENTS.error(e))?;
-    if in_range == rows.len() as i64 {
-        return Ok(rows);
-    }
-    // rows are in created_at order: the last one seen per subject is its newest
-    let mut newest: HashMap<&str, DateTime<Utc>> = HashMap::new();
-    for row in &rows {
-        newest.insert(row.subject.as_str(), row.created_at);
-    }
-    let (subjects, lasts): (Vec<&str>, Vec<DateTime<Utc>>) = newest.into_iter().unzip();
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-    let holes: HashMap<String, DateTime<Utc>> = sqlx::query_as(sql::GAPS)
-        .bind(&subjects)
-        .bind(&lasts)
-        .bind(latest)
-        .bind(&ids)
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(|e| OUTBOX_EVENTS.error(e))?
+    let Ok(at) = Stamp::from_pg_micros(micros) else {
+        return Ok(None);
+    };
+    let id: Uuid = row.try_get(1).map_err(|e| OUTBOX_EVENTS.error(e))?;
+    Ok(Some(Position { at, id }))
+}
+
+/// The ctids of `indices` into `rows`.
+pub(super) fn ctids(rows: &[Row], indices: impl IntoIterator<Item = usize>) -> Vec<Tid> {
+    indices.into_iter().map(|i| rows[i].ctid).collect()
+}
+
+/// The distinct subjects of `rows` at `indices`, in order.
+pub(super) fn subjects(rows: &[Row], indices: impl IntoIterator<Item = usize>) -> Vec<&str> {
+    let mut seen = HashSet::new();
+    indices
         .into_iter()
-        .collect();
-    if holes.is_empty() {
-        return Ok(rows);
-    }
-    tracing::debug!(
-        subjects = holes.len(),
-        "outbox claim cut subjects at an older event it does not hold"
-    );
-    Ok(rows
-        .into_iter()
-        .filter(|r| {
-            holes
-                .get(&r.subject)
-                .is_none_or(|hole| r.created_at < *hole)
-        })
-        .collect())
+        .map(|i| rows[i].subject.as_str())
+        .filter(|s| seen.insert(*s))
+        .collect()
 }

@@ -50,6 +50,9 @@ pub struct RelayConfig {
     pub subjects: Vec<String>,
 }
 
+/// The longest pause of a lane after failed batches (Postgres or the broker down).
+pub(crate) const LOOP_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
@@ -127,10 +130,37 @@ impl RelayConfig {
         u32::try_from(self.lanes).map_or(u32::MAX, |l| l.saturating_add(2))
     }
 
-    /// The longest time between two attempts at one row: `backoff_max + ack_timeout`. A
-    /// stream's duplicate window must be at least this long, so that a row whose ack was lost is
-    /// recognised as a duplicate when it is republished.
+    /// The longest time between two publishes of one row while the broker answers: the
+    /// first one's deadline (`ack_timeout`), the longest backoff (`backoff_max`), then at most
+    /// a lane's pause after a failed batch (5 s) and one batch's statements (10 s) until a lane
+    /// takes it again (lanes wake when a retry comes due, whatever `poll_interval` says).
+    /// A stream's duplicate window must be at least this long, so that a row whose ack was lost
+    /// is recognised as a duplicate when it is republished. (A broker outage adds its own
+    /// length, which no window can cover: the consumers' dedupe absorbs those duplicates.)
+    ///
+    /// ```
+    /// let horizon = outbox_runtime::RelayConfig::default().retry_horizon();
+    /// assert_eq!(horizon.as_secs(), 5 + 300 + 5 + 10);
+    /// ```
     pub fn retry_horizon(&self) -> Duration {
-        self.backoff_max + self.ack_timeout
+        self.ack_timeout + self.backoff_max + LOOP_BACKOFF_MAX + super::tx::STATEMENT_TIMEOUT
+    }
+
+    /// How often a lane's floor goes back to the start (docs/relay.md, *Parked subjects*).
+    pub(crate) fn floor_reset(&self) -> Duration {
+        self.poll_interval.saturating_mul(6)
+    }
+
+    /// How long a batch's transaction may wait for the relay: longer than its publishing
+    /// (`ack_timeout`), short enough that a frozen relay's locks go within seconds.
+    pub(crate) fn idle_in_transaction_timeout(&self) -> Duration {
+        self.ack_timeout + Duration::from_secs(5)
+    }
+
+    /// The lane's wait after `failures` consecutive failed batches: [`backoff`](Self::backoff),
+    /// but never longer than [`LOOP_BACKOFF_MAX`], so that the relay is back within seconds of
+    /// the end of an outage however long it was.
+    pub(crate) fn loop_backoff(&self, failures: u32) -> Duration {
+        self.backoff(failures).min(LOOP_BACKOFF_MAX)
     }
 }

@@ -40,10 +40,13 @@ pub(super) enum Waiting {
 /// What a lane's batch came to, as far as the lane's next step is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Outcome {
-    /// It published something.
+    /// It published or held something: progress.
     Published,
-    /// It published nothing and some publishes failed (the broker is down).
+    /// It published nothing and some publishes failed (the broker refuses them).
     Failed,
+    /// It published and failed nothing, and some rows were not attempted: the broker could not
+    /// take them (`connected` says whether the NATS connection is up: an election if it is).
+    NotAttempted { connected: bool },
     /// It published and failed nothing; `Waiting` says whether rows it could not take wait.
     Empty(Waiting),
     /// The batch itself failed (Postgres, or the start of the transaction).
@@ -60,18 +63,26 @@ pub(super) enum Next {
     Contended(Duration),
     /// The broker or Postgres is failing: claim again after the pause, whatever commits.
     Backoff(Duration),
+    /// The NATS connection is down: claim again as soon as it is back, or after the pause.
+    Reconnect(Duration),
     /// Nothing to do: wait for a commit, the fallback poll or a subject's retry time.
     Idle,
 }
 
 /// How soon a lane claims again after a batch in which other transactions held every row it
-/// could have published; it doubles while that lasts, up to the poll interval.
+/// could have published; it doubles while that lasts, up to [`CONTENDED_MAX`] (or the poll
+/// interval, if shorter): the holder may be a relay that froze, whose locks go within seconds.
 const CONTENDED_RETRY: Duration = Duration::from_millis(10);
+const CONTENDED_MAX: Duration = Duration::from_secs(1);
+/// How soon a lane claims again after a batch the broker could not take (an election); it
+/// doubles while that lasts, up to [`LOOP_BACKOFF_MAX`](super::config::LOOP_BACKOFF_MAX).
+const ELECTION_RETRY: Duration = Duration::from_millis(250);
 
 /// The consecutive failures and contended batches of one lane.
 #[derive(Debug, Default)]
 pub(super) struct LaneState {
     failures: u32,
+    elections: u32,
     contended: u32,
 }
 
@@ -87,18 +98,29 @@ impl LaneState {
         match outcome {
             Outcome::Published => {
                 self.failures = 0;
+                self.elections = 0;
                 self.contended = 0;
                 Next::Again
             }
             Outcome::Failed | Outcome::Error => {
                 self.failures = self.failures.saturating_add(1);
-                Next::Backoff(config.backoff(self.failures))
+                Next::Backoff(config.loop_backoff(self.failures))
+            }
+            Outcome::NotAttempted { connected } => {
+                let wait = ELECTION_RETRY.saturating_mul(1 << self.elections.min(16));
+                self.elections = self.elections.saturating_add(1);
+                let wait = wait.min(super::config::LOOP_BACKOFF_MAX);
+                if connected {
+                    Next::Backoff(wait)
+                } else {
+                    Next::Reconnect(super::config::LOOP_BACKOFF_MAX)
+                }
             }
             Outcome::Empty(Waiting::Elsewhere) if commit_seen => Next::Again,
             Outcome::Empty(Waiting::Elsewhere) => {
                 let wait = CONTENDED_RETRY.saturating_mul(1 << self.contended.min(16));
                 self.contended = self.contended.saturating_add(1);
-                Next::Contended(wait.min(config.poll_interval))
+                Next::Contended(wait.min(CONTENDED_MAX).min(config.poll_interval))
             }
             Outcome::Empty(Waiting::Nothing) => {
                 self.contended = 0;
@@ -205,7 +227,7 @@ mod tests {
     }
 
     #[test]
-    fn rows_held_elsewhere_are_retried_soon_doubling_up_to_the_poll() {
+    fn rows_held_elsewhere_are_retried_soon_doubling_up_to_a_second() {
         let steps = [(ELSEWHERE, false); 12];
         let nexts = run(&steps);
         assert_eq!(
@@ -217,8 +239,9 @@ mod tests {
                 Next::Contended(ms(80))
             ]
         );
-        assert_eq!(nexts[9], Next::Contended(ms(5120).min(s(5))));
-        assert_eq!(nexts[11], Next::Contended(s(5)));
+        assert_eq!(nexts[6], Next::Contended(ms(640)));
+        assert_eq!(nexts[7], Next::Contended(s(1)), "at most a second");
+        assert_eq!(nexts[11], Next::Contended(s(1)));
     }
 
     #[test]
@@ -271,6 +294,38 @@ mod tests {
                 Next::Backoff(s(2))
             ]
         );
+    }
+
+    #[test]
+    fn a_batch_the_broker_could_not_take_waits_briefly_or_for_the_connection() {
+        let nexts = run(&[
+            (Outcome::NotAttempted { connected: true }, false),
+            (Outcome::NotAttempted { connected: true }, false),
+            (Outcome::NotAttempted { connected: false }, false),
+            (Outcome::Published, false),
+            (Outcome::NotAttempted { connected: true }, false),
+        ]);
+        assert_eq!(
+            nexts,
+            [
+                Next::Backoff(ms(250)),
+                Next::Backoff(ms(500)),
+                Next::Reconnect(s(5)),
+                Next::Again,
+                Next::Backoff(ms(250))
+            ]
+        );
+    }
+
+    #[test]
+    fn an_outage_never_pauses_a_lane_longer_than_a_few_seconds() {
+        let config = RelayConfig::default(); // backoff_max 5 min
+        let mut state = LaneState::default();
+        let waits: Vec<Next> = (0..12)
+            .map(|_| state.next(Outcome::Error, false, &config))
+            .collect();
+        assert_eq!(waits[0], Next::Backoff(s(1)));
+        assert_eq!(waits[11], Next::Backoff(s(5)));
     }
 
     #[test]

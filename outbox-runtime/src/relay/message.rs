@@ -4,7 +4,7 @@
 use async_nats::{HeaderMap, HeaderName};
 use uuid::Uuid;
 
-use super::row::Row;
+use super::row::{Event, Row};
 use crate::envelope::EnvelopeRef;
 use crate::CONTENT_TYPE;
 
@@ -41,19 +41,20 @@ impl Trace {
     }
 }
 
-/// The body and headers of the `i`-th row of a batch.
+/// The body and headers of the `i`-th row of a batch, whose columns are `event`.
 pub(super) fn message(
     row: &Row,
+    event: &Event,
     trace: &Trace,
     i: usize,
 ) -> serde_json::Result<(Vec<u8>, HeaderMap)> {
     let body = EnvelopeRef::new(
         row.id,
-        &row.event_type,
-        &row.source,
+        &event.event_type,
+        &event.source,
         &row.subject,
-        row.time,
-        &row.data.0,
+        event.time,
+        &event.data,
     )
     .to_vec()?;
     // Owned values move into the map; the names are constants.

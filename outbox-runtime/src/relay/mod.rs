@@ -20,14 +20,19 @@ mod backoff;
 mod checks;
 mod claim;
 mod config;
+mod floor;
 mod lanes;
-mod listen;
+pub(crate) mod listen;
 mod message;
+mod position;
 mod publish;
 mod row;
 mod run;
+mod settle;
 mod sql;
 mod stats;
+mod streams;
+mod tx;
 
 use std::fmt;
 use std::time::Duration;
@@ -36,7 +41,6 @@ use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
-use tokio::time::Instant;
 use uuid::Uuid;
 
 pub use claim::Claim;
@@ -45,25 +49,35 @@ pub use stats::{BatchReport, RelayStats};
 
 use crate::error::{Error, Result};
 use crate::redact;
-use crate::table::OUTBOX_EVENTS;
+use crate::table::OUTBOX_RETRIES;
 
 /// First key of the relay's advisory locks (`pg_try_advisory_xact_lock(LOCK_NAMESPACE, partition)`),
 /// so that they do not collide with the application's own advisory locks.
 pub const LOCK_NAMESPACE: i32 = 0x6f62_7872;
 
-/// An unpublished row that reached the attempt cap, as [`Relay::capped`] lists it.
+/// How long a relay first leaves out a subject it could not attempt or had to cut; it doubles
+/// while that goes on, up to [`PAUSE_MAX`].
+const PAUSE_BASE: Duration = Duration::from_millis(250);
+const PAUSE_MAX: Duration = Duration::from_secs(10);
+
+/// A held row, as [`Relay::held`] lists it: it cannot be published as it is, and the later
+/// events of its subject wait behind it until an operator releases it (`outbox unblock`).
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-pub struct CappedEvent {
+pub struct HeldEvent {
     /// The event id.
     pub id: Uuid,
-    /// The event type (NATS subject).
+    /// The event type (NATS subject), as the row has it.
     pub event_type: String,
     /// The held subject.
     pub subject: String,
     /// Attempts so far.
     pub attempts: i32,
-    /// When it was emitted.
-    pub created_at: DateTime<Utc>,
+    /// Why it is held: the broker's answer, or the relay's check that refused it.
+    pub reason: String,
+    /// When its subject was first parked.
+    pub since: DateTime<Utc>,
+    /// When it was emitted (`None` when the row's `created_at` is not a real instant).
+    pub created_at: Option<DateTime<Utc>>,
 }
 
 /// The publisher loop of the outbox. See the [module docs](self) for its behaviour.
@@ -85,9 +99,13 @@ pub struct Relay {
     pool: PgPool,
     jetstream: jetstream::Context,
     config: RelayConfig,
-    backoff: backoff::SubjectBackoff,
+    /// Subjects this relay leaves out for a few seconds: not attempted, or cut at a hole.
+    pauses: backoff::SubjectBackoff,
+    streams: streams::Streams,
     counters: stats::Counters,
     sharing: lanes::Sharing,
+    /// The floor of [`Relay::claim`]'s batches (every partition).
+    floor: tokio::sync::Mutex<floor::Floor>,
 }
 
 impl fmt::Debug for Relay {
@@ -171,16 +189,18 @@ impl Relay {
     ) -> Result<Relay> {
         config.validate()?;
         checks::pool_size(&pool, &config)?;
-        checks::table(&pool).await?;
+        checks::tables(&pool).await?;
         checks::jetstream(&jetstream, &config).await?;
         checks::streams(&jetstream, &config).await?;
         Ok(Relay {
             pool,
             jetstream,
-            config,
-            backoff: backoff::SubjectBackoff::default(),
+            pauses: backoff::SubjectBackoff::new(PAUSE_BASE, PAUSE_MAX),
+            streams: streams::Streams::default(),
             counters: stats::Counters::default(),
             sharing: lanes::Sharing::default(),
+            floor: tokio::sync::Mutex::new(floor::Floor::new(config.floor_reset())),
+            config,
         })
     }
 
@@ -194,26 +214,20 @@ impl Relay {
         self.counters.snapshot()
     }
 
-    /// The subjects this relay is currently backing off, with their consecutive failures.
-    pub fn backed_off(&self) -> Vec<(String, u32)> {
-        self.backoff.backed_off(Instant::now())
-    }
-
-    /// The unpublished rows at the attempt cap, oldest first: each holds its subject.
+    /// The held rows, oldest first: each holds its subject, with the reason.
     ///
     /// ```no_run
     /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
-    /// for event in relay.capped().await? {
-    ///     eprintln!("{} ({}) is stuck after {} attempts", event.id, event.event_type, event.attempts);
+    /// for event in relay.held().await? {
+    ///     eprintln!("{} ({}) is held: {}", event.id, event.event_type, event.reason);
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn capped(&self) -> Result<Vec<CappedEvent>> {
-        sqlx::query_as(sql::CAPPED)
-            .bind(self.config.max_attempts)
+    pub async fn held(&self) -> Result<Vec<HeldEvent>> {
+        sqlx::query_as(sql::HELD)
             .fetch_all(&self.pool)
             .await
-            .map_err(|e| OUTBOX_EVENTS.error(e))
+            .map_err(|e| OUTBOX_RETRIES.error(e))
     }
 
     /// Claims a batch: the first step of [`run_once`](Self::run_once), for callers that drive
@@ -229,16 +243,8 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self) -> Result<Claim<'_>> {
-        self.claim_lane(lanes::Lane::ALL).await
-    }
-
-    async fn claim_lane(&self, lane: lanes::Lane) -> Result<Claim<'_>> {
-        let tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(|e| OUTBOX_EVENTS.error(e))?;
-        Claim::begin(self, tx, lane).await
+        let mut floor = self.floor.lock().await;
+        Claim::begin(self, lanes::Lane::ALL, &mut floor, Some(&self.floor)).await
     }
 
     /// One batch: claim, publish, mark, commit. Like [`claim`](Self::claim), it claims from
@@ -252,7 +258,7 @@ impl Relay {
     pub async fn run_once(&self) -> Result<BatchReport> {
         let mut claim = self.claim().await?;
         if claim.is_empty() {
-            return claim.release().await;
+            return Ok(claim.release().await?.report);
         }
         claim.publish().await;
         claim.commit().await

@@ -1,47 +1,58 @@
 //! Publishing a claim's rows: one chain per subject, pipelined across subjects, under one
-//! deadline (docs/relay.md, *One batch* and *Order*). Nothing here touches the database: the
-//! result is a [`Settled`] that the claim applies.
+//! deadline; each row ends acknowledged, failed, not attempted or held (docs/relay.md, *One
+//! batch* and *Failures*). Nothing here touches the database: the result is a [`Settled`] that
+//! the claim applies.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::IntoFuture;
+use std::time::Duration;
 
 use async_nats::connection::State;
 use async_nats::jetstream;
-use async_nats::jetstream::context::PublishError;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind as Kind};
 use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::ErrorCode;
 use chrono::Utc;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::config::RelayConfig;
 use super::message::{message, Trace};
-use super::row::Row;
+use super::row::{Event, Row};
+use super::streams::{Capture, Streams};
 use crate::metrics as names;
 
-/// Why a row's publish failed (one more attempt on the row).
+/// How often, and how far apart, a publish answered by "no responders" (a stream electing a
+/// leader) or "JetStream temporarily unavailable" is sent again within the batch.
+const ELECTION_RETRIES: u8 = 2;
+const ELECTION_RETRY_DELAY: Duration = Duration::from_millis(250);
+/// The longest wait for a stream lookup while classifying a failure.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
+/// Room for the headers beside the body within the server's `max_payload`.
+const HEADERS_ALLOWANCE: usize = 256;
+
+/// Why a publish did not succeed.
 #[derive(Debug)]
 pub(super) enum Failure {
     /// JetStream (or the client) refused the publish or its ack.
     Publish(PublishError),
-    /// The NATS connection was down: publishing fails at once instead of waiting.
+    /// The NATS connection was down: nothing was sent.
     NotConnected,
-    /// The envelope could not be serialized.
-    Envelope(serde_json::Error),
     /// No ack before the batch deadline.
     Deadline,
+    /// The stream that captures the type could not take it (an election), after the retries.
+    Election,
 }
 
 impl Failure {
-    /// A short name for the cause, for the `reason` label of
-    /// [`PUBLISH_FAILURES`](crate::metrics::PUBLISH_FAILURES) and for log lines: async-nats's
-    /// publish error kind, or the relay's own reason.
+    /// A short name for the cause, for the `reason` label of the failure metrics and for log
+    /// lines: async-nats's publish error kind, or the relay's own reason.
     pub(super) fn reason(&self) -> &'static str {
-        use async_nats::jetstream::context::PublishErrorKind as Kind;
         match self {
             Failure::Publish(e) => match e.kind() {
-                Kind::StreamNotFound => "no_stream",
+                Kind::StreamNotFound => "no_responders",
                 Kind::WrongLastMessageId | Kind::WrongLastSequence => "expectation",
                 Kind::TimedOut => "timeout",
                 Kind::BrokenPipe => "broken_pipe",
@@ -50,8 +61,8 @@ impl Failure {
                 Kind::Other => "other",
             },
             Failure::NotConnected => "not_connected",
-            Failure::Envelope(_) => "envelope",
             Failure::Deadline => "deadline",
+            Failure::Election => "election",
         }
     }
 }
@@ -59,10 +70,68 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Publish(e) => write!(f, "{e}"),
+            Failure::Publish(e) => match std::error::Error::source(e) {
+                Some(source) => write!(f, "{e}: {source}"),
+                None => write!(f, "{e}"),
+            },
             Failure::NotConnected => f.write_str("not connected to NATS"),
-            Failure::Envelope(e) => write!(f, "{e}"),
             Failure::Deadline => f.write_str("no ack before the batch deadline"),
+            Failure::Election => f.write_str(
+                "the stream could not take the message (no responders, or JetStream temporarily unavailable: a leader election)",
+            ),
+        }
+    }
+}
+
+/// Why a row is held: it cannot be published as it is, so it waits, with its subject, for an
+/// operator (docs/relay.md, *Held rows*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HoldCause {
+    /// A column cannot be read (an infinite timestamp, text that is not UTF-8, JSON too deep).
+    Unreadable,
+    /// Its `event_type` breaks the naming rules (a wildcard, `$`, whitespace, too long...).
+    BadType,
+    /// It reached the attempt cap.
+    AtCap,
+    /// Its message is larger than the server's `max_payload`.
+    TooLarge,
+    /// No stream captures its type.
+    NoStream,
+    /// The stream refused it for good (larger than the stream's `max_msg_size`).
+    Refused,
+}
+
+impl HoldCause {
+    /// Whether the broker saw the publish (the row gets one more attempt).
+    pub(super) fn attempted(self) -> bool {
+        matches!(self, HoldCause::NoStream | HoldCause::Refused)
+    }
+
+    /// The `cause` label of [`HELD`](crate::metrics::HELD).
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            HoldCause::Unreadable => "unreadable",
+            HoldCause::BadType => "invalid_event_type",
+            HoldCause::AtCap => "attempt_cap",
+            HoldCause::TooLarge => "max_payload",
+            HoldCause::NoStream => "no_stream",
+            HoldCause::Refused => "refused",
+        }
+    }
+}
+
+/// A held row's cause and reason.
+#[derive(Debug, Clone)]
+pub(super) struct Hold {
+    pub(super) cause: HoldCause,
+    pub(super) reason: String,
+}
+
+impl Hold {
+    fn new(cause: HoldCause, reason: impl Into<String>) -> Hold {
+        Hold {
+            cause,
+            reason: reason.into(),
         }
     }
 }
@@ -74,10 +143,14 @@ pub(super) struct Settled {
     pub(super) acked: Vec<usize>,
     /// Of `acked`, acks flagged as duplicates.
     pub(super) duplicates: usize,
-    /// Attempted and failed, each with its reason.
+    /// Attempted and failed: one more attempt each, and their subject backs off.
     pub(super) failed: Vec<(usize, Failure)>,
-    /// Not attempted: after a failure in their subject's chain, after the deadline, or at the
-    /// attempt cap.
+    /// Never reached the broker, or reached it while it could take nothing (an election): no
+    /// attempt spent.
+    pub(super) not_attempted: Vec<(usize, Failure)>,
+    /// Cannot be published as they are: held with their subject.
+    pub(super) held: Vec<(usize, Hold)>,
+    /// Not tried: after a row of their subject that did not succeed, or after the deadline.
     pub(super) skipped: usize,
 }
 
@@ -114,115 +187,328 @@ impl Chains {
         self.ready.extend(self.next[i]);
     }
 
-    /// The rows after `i` in its chain: they are not attempted once `i` failed.
+    /// Row `i` is to be sent again.
+    fn again(&mut self, i: usize) {
+        self.ready.push_back(i);
+    }
+
+    /// The rows after `i` in its chain: they are not tried once `i` did not succeed.
     pub(super) fn rest_after(&self, i: usize) -> usize {
         std::iter::successors(self.next[i], |&j| self.next[j]).count()
     }
 }
 
-/// One batch's publishing state: the chains and what has been settled so far.
+/// What publishing needs of the relay.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Publisher<'a> {
+    pub(super) jetstream: &'a jetstream::Context,
+    pub(super) config: &'a RelayConfig,
+    pub(super) streams: &'a Streams,
+}
+
+/// How a failed publish goes on.
+enum Next {
+    /// Send it again after [`ELECTION_RETRY_DELAY`].
+    Retry,
+    Failed(Failure),
+    NotAttempted(Failure),
+    Held(Hold),
+}
+
+/// One batch's publishing state.
 struct Run<'a> {
     rows: &'a [Row],
-    config: &'a RelayConfig,
+    to: Publisher<'a>,
     chains: Chains,
     settled: Settled,
     /// Rows sent and awaiting their ack.
     flying: Vec<bool>,
+    /// Rows waiting to be sent again, and how often they were.
+    waiting: Vec<bool>,
+    retries: Vec<u8>,
+    deadline: Instant,
     expired: bool,
 }
 
-impl Run<'_> {
-    fn fail(&mut self, i: usize, failure: Failure) {
-        self.settled.failed.push((i, failure));
+impl<'a> Run<'a> {
+    fn connected(&self) -> bool {
+        self.to.jetstream.client().connection_state() == State::Connected
+    }
+
+    /// Row `i` (and the rest of its chain) is done with, without success.
+    fn settle(&mut self, i: usize, next: Next) {
+        let settled = &mut self.settled;
+        match next {
+            Next::Retry => unreachable!("a retry is not an end"),
+            Next::Failed(f) => settled.failed.push((i, f)),
+            Next::NotAttempted(f) => settled.not_attempted.push((i, f)),
+            Next::Held(h) => settled.held.push((i, h)),
+        }
         self.settled.skipped += self.chains.rest_after(i);
     }
 
-    fn ack(&mut self, i: usize, result: Result<PublishAck, PublishError>) {
+    fn acked(&mut self, i: usize, ack: PublishAck) {
         self.flying[i] = false;
-        match result {
-            Ok(ack) => {
-                self.settled.acked.push(i);
-                if ack.duplicate {
-                    self.settled.duplicates += 1;
-                }
-                let lag = (Utc::now() - self.rows[i].created_at)
-                    .to_std()
-                    .unwrap_or_default();
-                metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
-                // the subject's next event goes out only now that this one is stored
-                self.chains.acked(i);
+        self.settled.acked.push(i);
+        if ack.duplicate {
+            self.settled.duplicates += 1;
+        }
+        if let super::position::Stamp::At(created) = self.rows[i].position.at {
+            let lag = (Utc::now() - created).to_std().unwrap_or_default();
+            metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
+        }
+        // the subject's next event goes out only now that this one is stored
+        self.chains.acked(i);
+    }
+
+    /// How row `i` goes on after `failure`.
+    async fn judge(&mut self, i: usize, failure: Failure) -> Next {
+        let connected = self.connected();
+        let rows = self.rows;
+        let event_type = match &rows[i].event {
+            Ok(e) => e.event_type.as_str(),
+            Err(_) => "",
+        };
+        let election = match &failure {
+            Failure::NotConnected => return Next::NotAttempted(failure),
+            Failure::Deadline | Failure::Election if !connected => {
+                return Next::NotAttempted(failure)
             }
-            Err(e) => self.fail(i, Failure::Publish(e)),
+            Failure::Deadline => return Next::Failed(failure),
+            Failure::Election => return Next::NotAttempted(failure),
+            Failure::Publish(e) => match e.kind() {
+                Kind::MaxPayloadExceeded => {
+                    let reason =
+                        format!("its message is larger than the server's max_payload: {e}");
+                    return Next::Held(Hold::new(HoldCause::TooLarge, reason));
+                }
+                Kind::MaxAckPending => return Next::NotAttempted(failure),
+                Kind::StreamNotFound => true,
+                Kind::Other => match jetstream_code(e) {
+                    Some(ErrorCode::CLUSTER_NOT_AVAILABLE) => true,
+                    Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
+                        let reason = format!("the stream refuses it: {failure}");
+                        return Next::Held(Hold::new(HoldCause::Refused, reason));
+                    }
+                    _ if !connected => return Next::NotAttempted(failure),
+                    _ => return Next::Failed(failure),
+                },
+                _ if !connected => return Next::NotAttempted(failure),
+                _ => return Next::Failed(failure),
+            },
+        };
+        debug_assert!(election);
+        let horizon = self.to.config.retry_horizon();
+        let lookup = self
+            .to
+            .streams
+            .capture(self.to.jetstream, event_type, horizon);
+        let capture = timeout(LOOKUP_TIMEOUT, lookup)
+            .await
+            .unwrap_or(Capture::Unknown);
+        if capture == Capture::Nothing {
+            let reason = format!("no stream captures `{event_type}`: create one (`outbox stream ensure`), then release the row (`outbox unblock`)");
+            return Next::Held(Hold::new(HoldCause::NoStream, reason));
+        }
+        let time_left = self.deadline.saturating_duration_since(Instant::now());
+        if self.retries[i] < ELECTION_RETRIES && time_left > ELECTION_RETRY_DELAY {
+            self.retries[i] += 1;
+            Next::Retry
+        } else {
+            Next::NotAttempted(Failure::Election)
         }
     }
 
-    /// The message of ready row `i`, or `None` when it is not sent: at the cap or out of time
-    /// (it and the rest of its chain are skipped), or failing before any send.
-    fn prepare(
+    /// `failure` of row `i`: settled, or scheduled to be sent again.
+    async fn failed<'f>(
         &mut self,
         i: usize,
-        trace: &Trace,
-        state: State,
-    ) -> Option<(Vec<u8>, async_nats::HeaderMap)> {
-        if self.rows[i].attempts >= self.config.max_attempts || self.expired {
+        failure: Failure,
+        delayed: &mut FuturesUnordered<futures::future::BoxFuture<'f, usize>>,
+    ) {
+        self.flying[i] = false;
+        match self.judge(i, failure).await {
+            Next::Retry => {
+                self.waiting[i] = true;
+                delayed.push(sleep(ELECTION_RETRY_DELAY).map(move |()| i).boxed());
+            }
+            next => self.settle(i, next),
+        }
+    }
+
+    /// The message of ready row `i`, or `None` when it is not sent: out of time (it and the
+    /// rest of its chain are skipped), or held by the relay's own checks.
+    fn prepare(&mut self, i: usize, trace: &Trace) -> Option<(Vec<u8>, async_nats::HeaderMap)> {
+        if self.expired {
             self.settled.skipped += 1 + self.chains.rest_after(i);
             return None;
         }
-        if state != State::Connected {
-            self.fail(i, Failure::NotConnected);
-            return None;
-        }
-        match message(&self.rows[i], trace, i) {
+        let max_payload = self.to.jetstream.client().server_info().max_payload;
+        let checked = check(&self.rows[i], self.to.config)
+            .and_then(|event| {
+                message(&self.rows[i], event, trace, i)
+                    .map_err(|e| Hold::new(HoldCause::Unreadable, e.to_string()))
+            })
+            .and_then(|(body, headers)| fits(body, headers, max_payload));
+        match checked {
             Ok(m) => Some(m),
-            Err(e) => {
-                self.fail(i, Failure::Envelope(e));
+            Err(hold) => {
+                self.settle(i, Next::Held(hold));
                 None
             }
         }
     }
 
-    /// The deadline passed: every row still awaiting its ack failed.
-    fn expire_flying(&mut self) {
-        let flying: Vec<usize> = (0..self.flying.len()).filter(|&i| self.flying[i]).collect();
-        for i in flying {
-            self.fail(i, Failure::Deadline);
+    /// The deadline passed: rows awaiting their ack failed, rows waiting for a retry were not
+    /// attempted.
+    fn expire(&mut self) {
+        for i in 0..self.rows.len() {
+            if self.flying[i] {
+                self.flying[i] = false;
+                let next = if self.connected() {
+                    Next::Failed(Failure::Deadline)
+                } else {
+                    Next::NotAttempted(Failure::Deadline)
+                };
+                self.settle(i, next);
+            } else if self.waiting[i] {
+                self.waiting[i] = false;
+                self.settle(i, Next::NotAttempted(Failure::Election));
+            }
         }
     }
 }
 
-/// Publishes `rows` through `jetstream`: each subject's rows one after the other (the next
-/// sent on the previous one's ack), all subjects at once, every send and ack before
-/// `ack_timeout` from now.
-pub(super) async fn publish(
-    rows: &[Row],
-    jetstream: &jetstream::Context,
-    config: &RelayConfig,
-    trace: &Trace,
-) -> Settled {
-    let client = jetstream.client();
+/// The JetStream API error code behind a publish error, if there is one.
+fn jetstream_code(e: &PublishError) -> Option<ErrorCode> {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(jetstream::Error::error_code)
+}
+
+/// The relay's own checks of a row before it is sent (docs/relay.md, *Held rows*).
+fn check<'r>(row: &'r Row, config: &RelayConfig) -> Result<&'r Event, Hold> {
+    let event = row.event.as_ref().map_err(|why| {
+        Hold::new(
+            HoldCause::Unreadable,
+            format!("the row cannot be published: {why}"),
+        )
+    })?;
+    if row.attempts >= config.max_attempts {
+        let reason = format!(
+            "it is at the attempt cap ({} of {})",
+            row.attempts, config.max_attempts
+        );
+        return Err(Hold::new(HoldCause::AtCap, reason));
+    }
+    let depth = json_depth(event.data.get());
+    if depth > MAX_JSON_DEPTH {
+        let reason = format!(
+            "its data nests {depth} levels deep, deeper than consumers' JSON parsers accept ({MAX_JSON_DEPTH})"
+        );
+        return Err(Hold::new(HoldCause::Unreadable, reason));
+    }
+    crate::naming::check_event_type(&event.event_type).map_err(|why| {
+        let shown = crate::naming::shorten(&event.event_type);
+        Hold::new(
+            HoldCause::BadType,
+            format!("invalid event type `{shown}`: {why}"),
+        )
+    })?;
+    Ok(event)
+}
+
+/// The deepest nesting a consumer's JSON parser accepts: serde_json's default recursion limit
+/// (the consumers of this crate use it; most parsers stop near there).
+const MAX_JSON_DEPTH: usize = 128;
+
+/// How deeply `json` nests arrays and objects (valid JSON, as Postgres rendered it): one pass
+/// over its bytes, skipping strings.
+fn json_depth(json: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// The message, if it fits the server's `max_payload` with its headers.
+fn fits(
+    body: Vec<u8>,
+    headers: async_nats::HeaderMap,
+    max_payload: usize,
+) -> Result<(Vec<u8>, async_nats::HeaderMap), Hold> {
+    if max_payload > 0 && body.len() + HEADERS_ALLOWANCE > max_payload {
+        let reason = format!(
+            "its message has {} bytes, more than the server's max_payload of {max_payload} (raise max_payload, or make the event smaller)",
+            body.len()
+        );
+        return Err(Hold::new(HoldCause::TooLarge, reason));
+    }
+    Ok((body, headers))
+}
+
+/// Publishes `rows`: each subject's rows one after the other (the next sent on the previous
+/// one's ack), all subjects at once, every send and ack before `ack_timeout` from now.
+pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> Settled {
+    let deadline = Instant::now() + to.config.ack_timeout;
     let mut run = Run {
         rows,
-        config,
+        to,
         chains: Chains::new(rows.iter().map(|r| r.subject.as_str())),
         settled: Settled::default(),
         flying: vec![false; rows.len()],
+        waiting: vec![false; rows.len()],
+        retries: vec![0; rows.len()],
+        deadline,
         expired: false,
     };
-    // One timer for the whole batch, raced against every send and every wait for acks.
-    let expiry = sleep_until(Instant::now() + config.ack_timeout);
+    // One timer for the whole batch, raced against every send and every wait.
+    let expiry = sleep_until(deadline);
     tokio::pin!(expiry);
     let mut in_flight = FuturesUnordered::new();
-    let mut acks = Vec::new();
+    let mut delayed = FuturesUnordered::new();
+    let mut done: Vec<(usize, Result<PublishAck, PublishError>)> = Vec::new();
     loop {
-        for (i, result) in acks.drain(..) {
-            run.ack(i, result);
+        for (i, result) in std::mem::take(&mut done) {
+            match result {
+                Ok(ack) => run.acked(i, ack),
+                Err(e) => run.failed(i, Failure::Publish(e), &mut delayed).await,
+            }
         }
         while let Some(i) = run.chains.pop_ready() {
-            let Some((body, headers)) = run.prepare(i, trace, client.connection_state()) else {
+            let Some((body, headers)) = run.prepare(i, trace) else {
                 continue;
             };
-            let send =
-                jetstream.publish_with_headers(rows[i].event_type.clone(), headers, body.into());
+            if !run.connected() {
+                run.failed(i, Failure::NotConnected, &mut delayed).await;
+                continue;
+            }
+            let event_type = run.rows[i]
+                .event
+                .as_ref()
+                .map(|e| e.event_type.clone())
+                .unwrap_or_default();
+            let send = to
+                .jetstream
+                .publish_with_headers(event_type, headers, body.into());
             tokio::pin!(send);
             // A send may wait for an ack slot of the context (`max_ack_inflight`), which only
             // the acks in flight free: keep collecting them meanwhile.
@@ -230,7 +516,7 @@ pub(super) async fn publish(
                 tokio::select! {
                     biased;
                     sent = &mut send => break Some(sent),
-                    Some(done) = in_flight.next(), if !in_flight.is_empty() => acks.push(done),
+                    Some(d) = in_flight.next(), if !in_flight.is_empty() => done.push(d),
                     () = &mut expiry => break None,
                 }
             };
@@ -239,32 +525,30 @@ pub(super) async fn publish(
                     run.flying[i] = true;
                     in_flight.push(ack.into_future().map(move |r| (i, r)));
                 }
-                Some(Err(e)) => run.fail(i, Failure::Publish(e)),
+                Some(Err(e)) => run.failed(i, Failure::Publish(e), &mut delayed).await,
                 None => {
                     run.expired = true;
-                    run.fail(i, Failure::Deadline);
+                    run.flying[i] = true; // sent or not, its fate is the deadline's
                 }
             }
         }
-        if !acks.is_empty() {
+        if !done.is_empty() {
             continue; // acks collected while sending may make more rows ready
         }
-        if in_flight.is_empty() {
+        if run.expired || (in_flight.is_empty() && delayed.is_empty()) {
             break;
         }
-        if !run.expired {
-            tokio::select! {
-                biased;
-                Some(done) = in_flight.next() => {
-                    acks.push(done);
-                    continue;
-                }
-                () = &mut expiry => {}
+        tokio::select! {
+            biased;
+            Some(d) = in_flight.next(), if !in_flight.is_empty() => done.push(d),
+            Some(i) = delayed.next(), if !delayed.is_empty() => {
+                run.waiting[i] = false;
+                run.chains.again(i);
             }
+            () = &mut expiry => run.expired = true,
         }
-        run.expire_flying();
-        break;
     }
+    run.expire();
     run.settled
 }
 
@@ -300,6 +584,20 @@ mod tests {
     }
 
     #[test]
+    fn a_row_sent_again_keeps_its_chain_waiting() {
+        let mut c = chains(&["a", "a", "b"]);
+        assert_eq!(drain_ready(&mut c), [0, 2]);
+        c.again(0);
+        assert_eq!(
+            drain_ready(&mut c),
+            [0],
+            "only the row itself, not its successor"
+        );
+        c.acked(0);
+        assert_eq!(drain_ready(&mut c), [1]);
+    }
+
+    #[test]
     fn a_failure_skips_the_rest_of_its_chain() {
         let c = chains(&["a", "b", "a", "c", "b", "a"]);
         assert_eq!(c.rest_after(0), 2, "rows 2 and 5");
@@ -313,5 +611,93 @@ mod tests {
     fn an_empty_claim_has_no_chains() {
         let mut c = chains(&[]);
         assert!(drain_ready(&mut c).is_empty());
+    }
+
+    #[test]
+    fn only_the_brokers_refusals_count_as_attempts() {
+        use HoldCause::*;
+        for cause in [Unreadable, BadType, AtCap, TooLarge] {
+            assert!(!cause.attempted(), "{cause:?} is the relay's own check");
+        }
+        assert!(NoStream.attempted() && Refused.attempted());
+    }
+
+    fn row(event_type: &str, attempts: i32, event_ok: bool) -> Row {
+        use super::super::position::{Position, Stamp};
+        let id = uuid::Uuid::now_v7();
+        let event = if event_ok {
+            Ok(Event {
+                event_type: event_type.to_owned(),
+                source: "billing".into(),
+                time: Utc::now(),
+                data: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
+            })
+        } else {
+            Err("its time is infinity: the envelope needs a real instant".to_owned())
+        };
+        Row {
+            id,
+            ctid: super::super::row::tests_tid(),
+            position: Position {
+                at: Stamp::At(Utc::now()),
+                id,
+            },
+            subject: "s".into(),
+            attempts,
+            event,
+        }
+    }
+
+    #[test]
+    fn the_relays_own_checks_hold_what_it_must_not_publish() {
+        let config = RelayConfig::default();
+        assert!(check(&row("billing.invoice.paid", 0, true), &config).is_ok());
+        let held = |r: Row| check(&r, &config).unwrap_err();
+        let unreadable = held(row("billing.invoice.paid", 0, false));
+        assert_eq!(unreadable.cause, HoldCause::Unreadable);
+        assert!(
+            unreadable.reason.contains("infinity"),
+            "{}",
+            unreadable.reason
+        );
+        let capped = held(row("billing.invoice.paid", 20, true));
+        assert_eq!(capped.cause, HoldCause::AtCap);
+        assert!(capped.reason.contains("20 of 20"), "{}", capped.reason);
+        let wildcard = held(row("acme.order.*", 0, true));
+        assert_eq!(wildcard.cause, HoldCause::BadType);
+        assert!(wildcard.reason.contains("wildcard"), "{}", wildcard.reason);
+        let long = held(row(&format!("a.b.{}", "c".repeat(5_000)), 0, true));
+        assert_eq!(long.cause, HoldCause::BadType);
+        assert!(
+            long.reason.len() < 400,
+            "the reason quotes the type shortened: {}",
+            long.reason
+        );
+    }
+
+    #[test]
+    fn nesting_is_measured_outside_strings() {
+        assert_eq!(json_depth("{}"), 1);
+        assert_eq!(json_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
+        assert_eq!(
+            json_depth(r#"{"s":"[[[[{{{{\"]]]"}"#),
+            1,
+            "brackets inside a string do not count"
+        );
+        assert_eq!(json_depth("3"), 0);
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        assert_eq!(json_depth(&deep), 200);
+    }
+
+    #[test]
+    fn a_message_over_max_payload_is_held_with_the_sizes() {
+        let hold = fits(vec![0; 2_000], async_nats::HeaderMap::new(), 1_024).unwrap_err();
+        assert_eq!(hold.cause, HoldCause::TooLarge);
+        assert!(
+            hold.reason.contains("2000 bytes") && hold.reason.contains("1024"),
+            "{}",
+            hold.reason
+        );
+        assert!(fits(vec![0; 100], async_nats::HeaderMap::new(), 1_024).is_ok());
     }
 }

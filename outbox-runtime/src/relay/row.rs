@@ -1,4 +1,7 @@
-//! A claimed row as the relay reads it, and the `tid` codec of its physical address.
+//! A claimed row as the relay reads it: every column decoded on its own, so that a row whose
+//! values cannot be read (an infinite timestamp, text that is not UTF-8, JSON nested deeper than
+//! the parser allows) is held with its reason instead of failing the batch or panicking; and
+//! the `tid` codec of the row's physical address.
 
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
@@ -8,41 +11,133 @@ use sqlx::postgres::types::Oid;
 use sqlx::postgres::{
     PgArgumentBuffer, PgHasArrayType, PgRow, PgTypeInfo, PgValueFormat, PgValueRef,
 };
-use sqlx::Postgres;
+use sqlx::{Postgres, Row as _};
 use uuid::Uuid;
+
+use super::position::{Position, Stamp};
 
 /// One claimed row, in [`CLAIM`](super::sql::CLAIM)'s column order.
 #[derive(Debug)]
 pub(super) struct Row {
     pub(super) id: Uuid,
-    pub(super) event_type: String,
-    pub(super) source: String,
-    pub(super) subject: String,
-    pub(super) time: DateTime<Utc>,
-    /// Passed through as Postgres rendered it: never parsed, only copied into the envelope.
-    pub(super) data: sqlx::types::Json<Box<RawValue>>,
-    pub(super) created_at: DateTime<Utc>,
-    pub(super) attempts: i32,
     /// Where the row is, for the marks (stable while the claim holds the row's lock).
     pub(super) ctid: Tid,
+    /// `(created_at, id)`: the relay's order.
+    pub(super) position: Position,
+    /// The subject (lossily decoded if it is not UTF-8: the row is then broken, and the
+    /// statements that hold it name it by `id`).
+    pub(super) subject: String,
+    pub(super) attempts: i32,
+    /// What the envelope is made of, or why the row cannot be read.
+    pub(super) event: Result<Event, String>,
 }
 
-/// Decoded by position: a claim decodes thousands of rows a second, and by name each column
-/// would cost a lookup.
-impl sqlx::FromRow<'_, PgRow> for Row {
-    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
-        use sqlx::Row as _;
+/// The columns of a row that go into its message.
+#[derive(Debug)]
+pub(super) struct Event {
+    pub(super) event_type: String,
+    pub(super) source: String,
+    pub(super) time: DateTime<Utc>,
+    /// Passed through as Postgres rendered it: never re-serialized, only copied.
+    pub(super) data: Box<RawValue>,
+}
+
+impl Row {
+    /// Decodes a row of [`CLAIM`](super::sql::CLAIM) (`id, event_type, source, subject, time,
+    /// data, created_at, attempts, ctid`). Only `id` and `ctid`, which Postgres always writes
+    /// in a readable form, fail the whole row.
+    pub(super) fn decode(row: &PgRow) -> sqlx::Result<Row> {
+        let id: Uuid = row.try_get(0)?;
+        let ctid: Tid = row.try_get(8)?;
+        let attempts: i32 = row.try_get(7)?;
+        let (subject, subject_ok) = text(row, 3);
+        let created_at = stamp(row, 6);
+        let event = (|| {
+            if !subject_ok {
+                return Err("its subject is not valid UTF-8".to_owned());
+            }
+            let created_at = created_at
+                .as_ref()
+                .map_err(|e| format!("its created_at {e}"))?;
+            if !matches!(created_at, Stamp::At(_)) {
+                return Err(format!("its created_at is {created_at}"));
+            }
+            let event_type = utf8(row, 1, "event_type")?;
+            let source = utf8(row, 2, "source")?;
+            let time = match stamp(row, 4).map_err(|e| format!("its time {e}"))? {
+                Stamp::At(t) => t,
+                other => {
+                    return Err(format!(
+                        "its time is {other}: the envelope needs a real instant"
+                    ))
+                }
+            };
+            let data: sqlx::types::Json<Box<RawValue>> = row
+                .try_get(5)
+                .map_err(|e| format!("its data cannot be read: {}", cause(&e)))?;
+            Ok(Event {
+                event_type,
+                source,
+                time,
+                data: data.0,
+            })
+        })();
         Ok(Row {
-            id: row.try_get(0)?,
-            event_type: row.try_get(1)?,
-            source: row.try_get(2)?,
-            subject: row.try_get(3)?,
-            time: row.try_get(4)?,
-            data: row.try_get(5)?,
-            created_at: row.try_get(6)?,
-            attempts: row.try_get(7)?,
-            ctid: row.try_get(8)?,
+            id,
+            ctid,
+            position: Position {
+                at: created_at.unwrap_or(Stamp::NegInfinity),
+                id,
+            },
+            subject,
+            attempts,
+            event,
         })
+    }
+}
+
+/// The innermost message of a decode error.
+fn cause(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::ColumnDecode { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// A text column as a string, and whether it was valid UTF-8 (lossily converted if not).
+fn text(row: &PgRow, index: usize) -> (String, bool) {
+    match row
+        .try_get_raw(index)
+        .ok()
+        .and_then(|v| v.as_bytes().ok().map(<[u8]>::to_vec))
+    {
+        Some(bytes) => match String::from_utf8(bytes) {
+            Ok(s) => (s, true),
+            Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), false),
+        },
+        None => (String::new(), false),
+    }
+}
+
+fn utf8(row: &PgRow, index: usize, column: &str) -> Result<String, String> {
+    match text(row, index) {
+        (s, true) => Ok(s),
+        (_, false) => Err(format!("its {column} is not valid UTF-8")),
+    }
+}
+
+/// A `timestamptz` column, read from its binary form (microseconds since 2000-01-01) without
+/// sqlx's chrono decoder, which panics on values chrono cannot represent (`infinity`).
+fn stamp(row: &PgRow, index: usize) -> Result<Stamp, String> {
+    let value = row.try_get_raw(index).map_err(|e| e.to_string())?;
+    match value.format() {
+        PgValueFormat::Binary => match *value.as_bytes().map_err(|e| e.to_string())? {
+            [a, b, c, d, e, f, g, h] => {
+                Stamp::from_pg_micros(i64::from_be_bytes([a, b, c, d, e, f, g, h]))
+            }
+            ref other => Err(format!("has {} bytes, not 8", other.len())),
+        },
+        PgValueFormat::Text => Stamp::from_pg_text(value.as_str().map_err(|e| e.to_string())?),
     }
 }
 
@@ -113,6 +208,12 @@ impl sqlx::Encode<'_, Postgres> for Tid {
         buf.extend_from_slice(&self.to_binary());
         Ok(IsNull::No)
     }
+}
+
+/// A tid for other modules' tests.
+#[cfg(test)]
+pub(super) fn tests_tid() -> Tid {
+    Tid { block: 0, line: 1 }
 }
 
 #[cfg(test)]

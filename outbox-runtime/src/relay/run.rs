@@ -1,27 +1,47 @@
-//! [`Relay::run`]: the lanes' batch loops, until shutdown (docs/relay.md, *Lanes*,
-//! *Wake-up*, *Failures and shutdown*).
+//! [`Relay::run`]: the lanes' batch loops until shutdown, and the tasks beside them
+//! (docs/relay.md, *Lanes*, *Wake-up*, *Failures and shutdown*).
 
 use std::future::Future;
+use std::time::Duration;
 
+use async_nats::connection::State;
 use tokio::sync::watch;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 
+use super::floor::Floor;
 use super::lanes::{Lane, LaneState, Next, Outcome, Waiting};
-use super::listen::{listen, AbortOnDrop};
-use super::Relay;
+use super::listen::{self, AbortOnDrop, Signals};
+use super::settle::Effects;
+use super::{sql, Relay};
 use crate::error::Result;
 
-/// How often a running relay refreshes the backlog gauges.
-const GAUGE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a running relay refreshes the backlog gauges and sweeps stale retry schedules.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
+/// How often a running relay checks the streams of the event types it publishes.
+const STREAM_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+/// How long `run` waits for its batches after shutdown, beyond `ack_timeout`.
+const SHUTDOWN_MARGIN: Duration = Duration::from_secs(15);
+/// How often a lane waiting for the NATS connection looks at it (no network involved).
+const RECONNECT_POLL: Duration = Duration::from_millis(100);
+/// The longest a due retry is left to the fallback poll.
+const MIN_RETRY_WAIT: Duration = Duration::from_millis(20);
+
+/// A lane's floors: one for its own partitions, one for every partition (while it runs alone
+/// beside another relay). A floor only holds for the rows it was found over.
+#[derive(Debug)]
+struct Floors {
+    own: Floor,
+    all: Floor,
+}
 
 impl Relay {
     /// Runs batches, in [`RelayConfig::lanes`](super::RelayConfig::lanes) loops at once, until
     /// `shutdown` completes, then returns. The batches in progress when it completes are
-    /// finished and committed first.
+    /// finished and committed first (each within `ack_timeout` and a few statement timeouts).
     ///
     /// While it runs, it also refreshes the backlog gauges (`outbox_unpublished`,
     /// `outbox_oldest_unpublished_age_seconds`, `outbox_rows_at_attempt_cap`) at start and every
-    /// 10 s, with one [`status`](crate::status::status) query.
+    /// 10 s, sends its `LISTEN` heartbeat, and checks the streams of the types it publishes.
     ///
     /// Errors inside the loop (Postgres or NATS down) are logged and retried with backoff;
     /// `run` itself only returns `Ok`.
@@ -32,42 +52,53 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        let (wake, _) = watch::channel(());
-        let listener = tokio::spawn(listen(
-            self.pool.clone(),
-            wake.clone(),
-            self.config.poll_interval,
-        ));
-        let _listener = AbortOnDrop(listener);
-        let gauges = tokio::spawn(crate::status::refresh_gauges(
-            self.pool.clone(),
-            self.config.max_attempts,
-            GAUGE_INTERVAL,
-        ));
-        let _gauges = AbortOnDrop(gauges);
+        let signals = Signals {
+            commits: watch::channel(()).0,
+            releases: watch::channel(()).0,
+        };
+        let _tasks = [
+            AbortOnDrop(tokio::spawn(listen::listen(
+                self.pool.clone(),
+                signals.clone(),
+            ))),
+            AbortOnDrop(tokio::spawn(listen::heartbeat(self.pool.clone()))),
+            AbortOnDrop(tokio::spawn(housekeeping(
+                self.pool.clone(),
+                self.config.max_attempts,
+            ))),
+        ];
         let (stop, stopped) = watch::channel(false);
         let lanes = futures::future::join_all(
-            Lane::all(self.config.lanes)
-                .map(|lane| self.run_lane(lane, wake.subscribe(), stopped.clone())),
+            Lane::all(self.config.lanes).map(|lane| self.run_lane(lane, &signals, stopped.clone())),
         );
-        tokio::pin!(lanes);
+        let streams = self.check_streams(stopped.clone());
+        tokio::pin!(lanes, streams);
         tokio::select! {
             _ = &mut lanes => {}
+            () = &mut streams => {}
             () = shutdown => {
                 stop.send_replace(true);
-                lanes.await;
+                // a batch in progress finishes (publishing is bounded by ack_timeout, each
+                // statement by the statement timeouts); past this bound it is given up, which
+                // leaves its rows unpublished, as a crash would
+                let bound = self.config.ack_timeout + SHUTDOWN_MARGIN;
+                if tokio::time::timeout(bound, lanes).await.is_err() {
+                    tracing::warn!(?bound, "outbox relay stopped without finishing its batches: Postgres did not answer; their rows stay unpublished and go out again later");
+                }
             }
         }
         Ok(())
     }
 
     /// One batch loop, on `lane`'s partitions, until `stop` turns true.
-    async fn run_lane(
-        &self,
-        lane: Lane,
-        mut wake: watch::Receiver<()>,
-        mut stop: watch::Receiver<bool>,
-    ) {
+    async fn run_lane(&self, lane: Lane, signals: &Signals, mut stop: watch::Receiver<bool>) {
+        let mut wake = signals.commits.subscribe();
+        let mut releases = signals.releases.subscribe();
+        let reset_every = self.config.floor_reset();
+        let mut floors = Floors {
+            own: Floor::new(reset_every),
+            all: Floor::new(reset_every),
+        };
         let mut state = LaneState::default();
         loop {
             let mut this_lane = lane;
@@ -84,11 +115,24 @@ impl Relay {
                     this_lane = Lane::ALL;
                 }
             }
+            if releases.has_changed().unwrap_or(false) {
+                releases.borrow_and_update();
+                floors.own.reset(Instant::now());
+                floors.all.reset(Instant::now());
+            }
             // Commits announced before this claim are covered by it: only later ones count.
             wake.borrow_and_update();
-            let result = self.lane_batch(lane, this_lane).await;
+            let floor = if this_lane == lane {
+                &mut floors.own
+            } else {
+                &mut floors.all
+            };
+            let result = self.lane_batch(lane, this_lane, floor).await;
             let commit_seen = wake.has_changed().unwrap_or(false);
-            let outcome = *result.as_ref().unwrap_or(&Outcome::Error);
+            let (outcome, next_retry) = match &result {
+                Ok((outcome, next_retry)) => (*outcome, *next_retry),
+                Err(_) => (Outcome::Error, None),
+            };
             let next = state.next(outcome, commit_seen, &self.config);
             if let (Err(e), Next::Backoff(wait)) = (&result, next) {
                 tracing::warn!(error = %e, retry_in = ?wait, "outbox relay batch failed");
@@ -96,68 +140,177 @@ impl Relay {
             if *stop.borrow() {
                 return;
             }
-            let now = Instant::now();
-            let (until, end_on_commit) = match next {
-                Next::Again => {
-                    // a commit announced during the batch is covered by the next claim
-                    wake.borrow_and_update();
-                    continue;
-                }
-                Next::Contended(wait) => {
-                    self.sharing.found_another_relay();
-                    // a row committed just now may not be announced yet: its notification
-                    // ends the pause
-                    (now + wait, true)
-                }
-                Next::Backoff(wait) => (now + wait, false),
-                Next::Idle => {
-                    let poll = now + self.config.poll_interval;
-                    let retry = self.backoff.next_retry(now);
-                    (retry.map_or(poll, |t| t.min(poll)), true)
-                }
-            };
-            tokio::select! {
-                _ = stop.changed() => return,
-                _ = sleep_until(until) => {}
-                _ = wake.changed(), if end_on_commit => {}
+            if !self.pause(next, next_retry, &mut wake, &mut stop).await {
+                return;
             }
         }
+    }
+
+    /// Waits as `next` says; `false` when the relay is stopping.
+    async fn pause(
+        &self,
+        next: Next,
+        next_retry: Option<Duration>,
+        wake: &mut watch::Receiver<()>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let now = Instant::now();
+        let (until, end_on_commit) = match next {
+            Next::Again => {
+                // a commit announced during the batch is covered by the next claim
+                wake.borrow_and_update();
+                return true;
+            }
+            Next::Contended(wait) => {
+                self.sharing.found_another_relay();
+                // a row committed just now may not be announced yet: its notification ends the
+                // pause
+                (now + wait, true)
+            }
+            Next::Backoff(wait) => (now + wait, false),
+            Next::Reconnect(wait) => return self.reconnect(now + wait, stop).await,
+            Next::Idle => {
+                let mut until = now + self.config.poll_interval;
+                if let Some(retry) = next_retry {
+                    until = until.min(now + retry.max(MIN_RETRY_WAIT));
+                }
+                if let Some(end) = self.pauses.next_end(now) {
+                    until = until.min(end);
+                }
+                (until, true)
+            }
+        };
+        tokio::select! {
+            _ = stop.changed() => false,
+            _ = sleep_until(until) => true,
+            _ = wake.changed(), if end_on_commit => true,
+        }
+    }
+
+    /// Waits until the NATS connection is back, or `until`; `false` when the relay is stopping.
+    async fn reconnect(&self, until: Instant, stop: &mut watch::Receiver<bool>) -> bool {
+        let client = self.jetstream.client();
+        while Instant::now() < until && client.connection_state() != State::Connected {
+            tokio::select! {
+                _ = stop.changed() => return false,
+                _ = sleep(RECONNECT_POLL) => {}
+            }
+        }
+        true
     }
 
     /// One batch of `lane` (the lane itself, or every partition while sharing), reduced to
     /// what the lane's next step depends on. An all-partition batch never runs beside this
     /// relay's own lane batches, whose rows it would take for another relay's.
-    async fn lane_batch(&self, lane: Lane, this_lane: Lane) -> Result<Outcome> {
-        let (report, waiting) = if lane.count > 1 && this_lane.count == 1 {
+    async fn lane_batch(
+        &self,
+        lane: Lane,
+        this_lane: Lane,
+        floor: &mut Floor,
+    ) -> Result<(Outcome, Option<Duration>)> {
+        let (effects, waiting) = if lane.count > 1 && this_lane.count == 1 {
             let _alone = self.sharing.gate.write().await;
-            self.run_lane_once(this_lane).await?
+            self.run_lane_once(this_lane, floor).await?
         } else {
             let _shared = self.sharing.gate.read().await;
-            self.run_lane_once(this_lane).await?
+            self.run_lane_once(this_lane, floor).await?
         };
-        Ok(if report.published > 0 {
+        let now = Instant::now();
+        self.pauses
+            .settle([], effects.pause.iter().map(String::as_str), now);
+        for position in &effects.released {
+            floor.pull_back(*position);
+        }
+        let r = effects.report;
+        let outcome = if r.published > 0 || r.held > 0 {
             Outcome::Published
-        } else if report.failed > 0 {
+        } else if r.failed > 0 {
             Outcome::Failed
+        } else if r.not_attempted > 0 {
+            let connected = self.jetstream.client().connection_state() == State::Connected;
+            Outcome::NotAttempted { connected }
         } else {
             Outcome::Empty(waiting)
-        })
+        };
+        let next_retry = effects
+            .next_retry
+            .map(|s| Duration::from_secs_f64(s.max(0.0)));
+        Ok((outcome, next_retry))
     }
 
-    /// One batch on `lane`, and for a batch that published nothing and failed nothing, whether
-    /// rows it could not take are waiting.
-    async fn run_lane_once(&self, lane: Lane) -> Result<(super::BatchReport, Waiting)> {
-        let mut claim = self.claim_lane(lane).await?;
+    /// One batch on `lane`, and for a batch that did nothing, whether rows it could not take
+    /// are waiting.
+    async fn run_lane_once(&self, lane: Lane, floor: &mut Floor) -> Result<(Effects, Waiting)> {
+        let mut claim = super::Claim::begin(self, lane, floor, None).await?;
         if claim.is_empty() {
             let waiting = claim.waiting().await?;
             return Ok((claim.release().await?, waiting));
         }
-        let report = claim.publish().await;
-        let waiting = if report.published == 0 && report.failed == 0 {
+        let r = claim.publish().await;
+        let waiting = if r.published + r.failed + r.held + r.not_attempted == 0 {
             claim.waiting().await?
         } else {
             Waiting::Nothing
         };
-        Ok((claim.commit().await?, waiting))
+        Ok((claim.finish().await?, waiting))
+    }
+
+    /// Checks the streams of the event types this relay publishes (the backlog's at start,
+    /// then every type it has published), until `stop`.
+    async fn check_streams(&self, mut stop: watch::Receiver<bool>) {
+        let horizon = self.config.retry_horizon();
+        let mut first = true;
+        loop {
+            let mut types: Vec<String> = self.config.subjects.clone();
+            if first {
+                let backlog = sqlx::query_scalar::<_, String>(sql::BACKLOG_TYPES)
+                    .bind(1_000i64)
+                    .fetch_all(&self.pool);
+                if let Ok(Ok(found)) = tokio::time::timeout(Duration::from_secs(10), backlog).await
+                {
+                    types.extend(
+                        found
+                            .into_iter()
+                            .filter(|t| crate::naming::check_event_type(t).is_ok()),
+                    );
+                }
+                first = false;
+            }
+            types.extend(self.streams.seen());
+            types.sort();
+            types.dedup();
+            for event_type in types {
+                if self.streams.is_stale(&event_type) {
+                    self.streams
+                        .capture(&self.jetstream, &event_type, horizon)
+                        .await;
+                }
+            }
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = sleep(STREAM_CHECK_INTERVAL) => {}
+            }
+        }
+    }
+}
+
+/// The backlog gauges and the sweep of stale retry schedules, at start and every
+/// [`GAUGE_INTERVAL`]: the gauges operators alert on exist wherever a relay runs.
+async fn housekeeping(pool: sqlx::PgPool, max_attempts: i32) {
+    let mut tick = tokio::time::interval(GAUGE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = crate::status::record_gauges(&pool, max_attempts).await {
+            tracing::debug!(error = %e, "outbox backlog gauges not refreshed");
+        }
+        match sqlx::query(sql::SWEEP).execute(&pool).await {
+            Ok(done) if done.rows_affected() > 0 => tracing::info!(
+                released = done.rows_affected(),
+                "outbox relay dropped retry schedules whose event is no longer unpublished (published or deleted by hand)"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "outbox retry schedules not swept"),
+        }
     }
 }

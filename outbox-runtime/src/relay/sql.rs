@@ -1,150 +1,291 @@
 //! The relay's statements. Each says in three lines or less what it relies on; the reasoning
 //! behind their shapes is in docs/relay.md and the measurements in docs/performance.md.
+//!
+//! Parameters shared by several statements: a lane is `$lanes`/`$lane` over `$partitions`;
+//! the lane's floor (every unpublished row at or before it is parked) is `$floor_at`
+//! (timestamptz as text, infinities included) and `$floor_id`.
 
-/// `(hashtext(subject) & 0x7fffffff) % partitions`: the subject's partition. `$p` is the
-/// partition count; lanes of one relay take `partition % lanes = lane`.
+/// `(hashtext(subject) & 0x7fffffff) % partitions`: the subject's partition.
 macro_rules! partition {
     ($p:literal) => {
-        concat!("(hashtext(subject) & 2147483647) % ", $p)
+        concat!("(hashtext(o.subject) & 2147483647) % ", $p)
     };
 }
 
-/// The subjects held by a row at the attempt cap (`$cap` is `max_attempts`): an uncorrelated
-/// subquery, run once per statement, reading the small index of migration 0003
-/// (`attempts > 0` is its predicate).
-macro_rules! not_held {
-    ($cap:literal) => {
+/// Whether the row's subject has a retry schedule ([`outbox_retries`](../../migrations)): a
+/// scalar subquery, so that it is one primary-key probe per candidate row whatever the planner
+/// thinks of the table's size (an anti-join would hash the whole table).
+macro_rules! parked {
+    () => {
+        "(select true from outbox_retries r where r.subject = o.subject limit 1) is not null"
+    };
+}
+
+/// Rows after the lane's floor, in the relay's order `(created_at, id)`; the first comparison
+/// lets the unpublished index bound the range.
+macro_rules! after_floor {
+    ($at:literal, $id:literal) => {
         concat!(
-            "subject not in (select h.subject from outbox_events h",
-            " where h.published_at is null and h.attempts > 0 and h.attempts >= ",
-            $cap,
+            "o.created_at >= ",
+            $at,
+            "::timestamptz and (o.created_at, o.id) > (",
+            $at,
+            "::timestamptz, ",
+            $id,
             ")"
         )
     };
 }
 
-/// The batch transaction's own settings, for it alone: an asynchronous commit of the marks;
-/// the unpublished index in `created_at` order (no sequential or bitmap scans); hash joins
-/// for the gap query (no nested loops); one generic plan per statement.
-pub(super) const SETTINGS: &str = "select set_config('synchronous_commit', 'off', true), \
-        set_config('enable_seqscan', 'off', true), \
-        set_config('enable_bitmapscan', 'off', true), \
-        set_config('enable_nestloop', 'off', true), \
-        set_config('plan_cache_mode', 'force_generic_plan', true)";
+/// The batch transaction's own settings and what the batch needs to know first: whether any
+/// subject is parked, when the next retry comes due (seconds from now, on the database's
+/// clock), and the snapshot's bounds (for the floor). `$1`: statement and lock timeout,
+/// `$2`: idle-in-transaction timeout, both in milliseconds.
+pub(super) const SETTINGS: &str = "\
+select set_config('synchronous_commit', 'off', true),
+       set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true),
+       set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('statement_timeout', $1, true),
+       set_config('lock_timeout', $1, true),
+       set_config('idle_in_transaction_session_timeout', $2, true),
+       exists (select 1 from outbox_retries) as parked,
+       extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry,
+       pg_snapshot_xmin(pg_current_snapshot())::text as xmin,
+       pg_snapshot_xmax(pg_current_snapshot())::text as xmax";
 
-/// The claim: unpublished rows below the cap, in `created_at` order, outside the backed-off
-/// (`$3`) and held subjects, in the lane's partitions (`$5`-`$7`) whose advisory lock
-/// (`$4`, partition) this transaction gets; `skip locked` skips other transactions' rows.
-pub(super) const CLAIM: &str = concat!(
-    "select id, event_type, source, subject, time, data, created_at, attempts, ctid",
+/// The columns of a claimed row, in [`Row::decode`](super::row::Row::decode)'s order.
+macro_rules! columns {
+    () => {
+        "o.id, o.event_type, o.source, o.subject, o.time, o.data, o.created_at, o.attempts, o.ctid"
+    };
+}
+
+/// The heads of the subjects whose retry is due, in the lane (`$2`-`$4`), with their
+/// partition's advisory lock (`$5`); `$1` limits them. The schedule names each head by id.
+pub(super) const CLAIM_DUE: &str = concat!(
+    "select ",
+    columns!(),
     "  from outbox_events o",
-    " where published_at is null",
-    "   and attempts < $2",
-    "   and subject <> all($3)",
-    "   and ",
-    not_held!("$2"),
+    " where o.id in (select r.event_id from outbox_retries r where r.retry_at <= now())",
+    "   and o.published_at is null",
     "   and case when ",
-    partition!("$5"),
-    " % $6 = $7",
-    "            then pg_try_advisory_xact_lock($4, ",
-    partition!("$5"),
-    ")",
-    "       end",
-    " order by created_at",
+    partition!("$2"),
+    " % $3 = $4 then pg_try_advisory_xact_lock($5, ",
+    partition!("$2"),
+    ") end",
+    " order by o.created_at, o.id",
     " limit $1",
-    "   for update skip locked"
+    "   for update of o skip locked"
 );
 
-/// Whether a row of the lane that [`CLAIM`] could take, emitted before the batch began
-/// (`now()` is the transaction's start), is waiting: [`CLAIM`]'s predicate without its locks,
-/// so other transactions' locks and the batch's own cut rows count.
+/// The claim: unpublished rows after the floor (`$6`, `$7`), in the relay's order, of the
+/// lane's partitions (`$2`-`$4`), whose subject is neither parked nor paused by this relay
+/// (`$8`), with the partition's advisory lock (`$5`); `skip locked` skips others' rows.
+pub(super) const CLAIM: &str = concat!(
+    "select ",
+    columns!(),
+    "  from outbox_events o",
+    " where o.published_at is null",
+    "   and ",
+    after_floor!("$6", "$7"),
+    "   and case when ",
+    partition!("$2"),
+    " % $3 = $4",
+    "             and not ",
+    parked!(),
+    "             and o.subject not in (select unnest($8::text[]))",
+    "            then pg_try_advisory_xact_lock($5, ",
+    partition!("$2"),
+    ") end",
+    " order by o.created_at, o.id",
+    " limit $1",
+    "   for update of o skip locked"
+);
+
+/// [`CLAIM`]'s rows from the floor (`$4`, `$5`) to the claim's last (`$6`, `$7`), without its
+/// locks: when their number is the claim's, no claimed subject can have a hole, and
+/// [`GAPS`] need not run. `$1`-`$3`: the lane; `$8`: paused subjects.
+pub(super) const UNCLAIMED: &str = concat!(
+    "select count(*)",
+    "  from outbox_events o",
+    " where o.published_at is null",
+    "   and ",
+    after_floor!("$4", "$5"),
+    "   and o.created_at <= $6::timestamptz and (o.created_at, o.id) <= ($6::timestamptz, $7)",
+    "   and ",
+    partition!("$1"),
+    " % $2 = $3",
+    "   and not ",
+    parked!(),
+    "   and o.subject not in (select unnest($8::text[]))"
+);
+
+/// Per claimed subject (`$1`, with its last claimed position in `$2`, `$3`), its first
+/// unpublished row after the floor (`$4`, `$5`) and not after that position that the claim
+/// (`$6`, ids) does not hold: the hole the subject's claimed rows are cut at.
+pub(super) const GAPS: &str = concat!(
+    "select distinct on (o.subject) o.subject, o.created_at, o.id",
+    "  from outbox_events o",
+    "  join unnest($1::text[], $2::timestamptz[], $3::uuid[]) as f(subject, last_at, last_id)",
+    "    on o.subject = f.subject",
+    " where o.published_at is null",
+    "   and ",
+    after_floor!("$4", "$5"),
+    "   and (o.created_at, o.id) <= (f.last_at, f.last_id)",
+    "   and not exists (select 1 from unnest($6::uuid[]) as c(id) where c.id = o.id)",
+    " order by o.subject, o.created_at, o.id"
+);
+
+/// Around [`GAPS`]: its anti-join against the claimed ids must be a hash join (a generic
+/// plan takes the id array for 10 elements and would loop over it per candidate row).
+pub(super) const NESTLOOP_OFF: &str = "select set_config('enable_nestloop', 'off', true)";
+/// See [`NESTLOOP_OFF`].
+pub(super) const NESTLOOP_ON: &str = "select set_config('enable_nestloop', 'on', true)";
+
+/// Whether a row [`CLAIM`] could take, emitted before the batch began, is waiting: its
+/// predicate without its locks (`$1`-`$3` the lane, `$4`, `$5` the floor, `$6` paused), so
+/// other transactions' locks and the batch's own cut rows count.
 pub(super) const WAITING: &str = concat!(
     "select 1",
-    "  from outbox_events",
-    " where published_at is null",
-    "   and created_at < now()",
-    "   and attempts < $1",
-    "   and subject <> all($2)",
+    "  from outbox_events o",
+    " where o.published_at is null",
+    "   and o.created_at < now()",
     "   and ",
-    not_held!("$1"),
+    after_floor!("$4", "$5"),
     "   and ",
-    partition!("$3"),
-    " % $4 = $5",
-    " order by created_at",
+    partition!("$1"),
+    " % $2 = $3",
+    "   and not ",
+    parked!(),
+    "   and o.subject not in (select unnest($6::text[]))",
+    " order by o.created_at",
     " limit 1"
 );
 
-/// The unpublished rows up to the claim's newest (`$1`), outside the backed-off subjects, in
-/// the claim's lane. The claimed rows are among them: when they are all of them, no claimed
-/// subject can have a hole and [`GAPS`] need not run.
-pub(super) const UNCLAIMED: &str = concat!(
-    "select count(*)",
-    "  from outbox_events",
-    " where published_at is null",
-    "   and created_at <= $1",
-    "   and subject <> all($2)",
+/// Where the lane's floor (`$4`, `$5`) may move: the last of the lane's rows before its first
+/// claimable one (neither parked nor paused, `$6`), emitted at least a second before this
+/// statement. Both scans are ranges of the unpublished index, read once each (docs/relay.md,
+/// *Parked subjects*). `$1`-`$3`: the lane.
+pub(super) const ADVANCE: &str = concat!(
+    "with first as (select o.created_at, o.id from outbox_events o",
+    "                where o.published_at is null and ",
+    after_floor!("$4", "$5"),
+    "                  and ",
+    partition!("$1"),
+    " % $2 = $3",
+    "                  and (not ",
+    parked!(),
+    " and o.subject not in (select unnest($6::text[])))",
+    "                order by o.created_at, o.id limit 1)",
+    "select o.created_at, o.id",
+    "  from outbox_events o",
+    " where o.published_at is null",
     "   and ",
-    partition!("$3"),
-    " % $4 = $5"
+    after_floor!("$4", "$5"),
+    "   and ",
+    partition!("$1"),
+    " % $2 = $3",
+    "   and o.created_at < statement_timestamp() - interval '1 second'",
+    "   and o.created_at <= coalesce((select f.created_at from first f), 'infinity')",
+    "   and (not exists (select 1 from first)",
+    "        or (o.created_at, o.id) < (select f.created_at, f.id from first f))",
+    " order by o.created_at desc, o.id desc",
+    " limit 1"
 );
-
-/// Per claimed subject (`$1`, with its newest claimed `created_at` in `$2`), the oldest
-/// unpublished row not newer than that which the claim (`$4`, ids) does not hold: the hole
-/// the subject's claimed rows are cut at. `$3` bounds the index range.
-pub(super) const GAPS: &str = "\
-select o.subject, min(o.created_at)
-  from outbox_events o
-  join unnest($1::text[], $2::timestamptz[]) as f(subject, last_created)
-    on o.subject = f.subject
- where o.published_at is null
-   and o.created_at <= $3
-   and o.created_at <= f.last_created
-   and not exists (select 1 from unnest($4::uuid[]) as c(id) where c.id = o.id)
- group by o.subject";
 
 /// The marks address the claimed rows by `ctid`, which their row locks keep stable until this
 /// transaction updates them (a plain table: in a partitioned one a `ctid` is not unique).
 pub(super) const MARK_PUBLISHED: &str =
     "update outbox_events set published_at = clock_timestamp() where ctid = any($1)";
 
-/// See [`MARK_PUBLISHED`].
+/// See [`MARK_PUBLISHED`]: one more attempt on each row that failed.
 pub(super) const MARK_FAILED: &str =
     "update outbox_events set attempts = attempts + 1 where ctid = any($1)";
 
-/// The unpublished rows at the attempt cap (`$1`), oldest first.
-pub(super) const CAPPED: &str = "select id, event_type, subject, attempts, created_at \
-     from outbox_events where published_at is null and attempts >= $1 order by created_at";
+/// Parks the subjects of the given rows (`$1`): retry after `$2` milliseconds, on the
+/// database's clock, or held when that is null; `$3` says why. One row per subject.
+pub(super) const PARK: &str = "\
+insert into outbox_retries as r (subject, event_id, retry_at, reason)
+select o.subject, o.id,
+       case when u.delay_ms is null then null else now() + u.delay_ms * interval '1 millisecond' end,
+       u.reason
+  from unnest($1::uuid[], $2::float8[], $3::text[]) as u(id, delay_ms, reason)
+  join outbox_events o on o.id = u.id
+    on conflict (subject) do update
+   set event_id = excluded.event_id, retry_at = excluded.retry_at, reason = excluded.reason";
+
+/// Releases the subjects whose parked head (`$1`, ids) was published.
+pub(super) const UNPARK: &str = "delete from outbox_retries where event_id = any($1)";
+
+/// Retry schedules whose head is no longer an unpublished row (published or deleted by hand):
+/// they would hold their subject for nothing.
+pub(super) const SWEEP: &str = "\
+delete from outbox_retries r
+ where not exists (select 1 from outbox_events e where e.id = r.event_id and e.published_at is null)";
+
+/// The held rows, oldest first, with their schedules' reasons (`created_at` as text: it may be
+/// infinite in a hand-written row).
+pub(super) const HELD: &str = "\
+select e.id, e.event_type, e.subject, e.attempts, r.reason, r.since,
+       case when isfinite(e.created_at) then e.created_at end as created_at
+  from outbox_retries r
+  join outbox_events e on e.id = r.event_id
+ where r.retry_at is null and e.published_at is null
+ order by r.since, e.id";
+
+/// The event types of the unpublished rows (up to `$1`), for the relay's first check of the
+/// streams that capture them.
+pub(super) const BACKLOG_TYPES: &str =
+    "select distinct event_type from outbox_events where published_at is null limit $1";
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The statements built from fragments are the ones written out by hand before: same
-    /// text modulo whitespace.
     fn squash(sql: &str) -> String {
         sql.split_whitespace().collect::<Vec<_>>().join(" ")
     }
 
     #[test]
-    fn the_claim_reads_as_written() {
-        assert_eq!(
-            squash(CLAIM),
-            squash(
-                "select id, event_type, source, subject, time, data, created_at, attempts, ctid \
-                   from outbox_events o where published_at is null and attempts < $2 \
-                    and subject <> all($3) \
-                    and subject not in (select h.subject from outbox_events h where h.published_at is null and h.attempts > 0 and h.attempts >= $2) \
-                    and case when (hashtext(subject) & 2147483647) % $5 % $6 = $7 \
-                             then pg_try_advisory_xact_lock($4, (hashtext(subject) & 2147483647) % $5) end \
-                  order by created_at limit $1 for update skip locked"
-            )
-        );
+    fn the_claim_tests_the_lane_and_the_schedules_before_it_takes_a_lock() {
+        let claim = squash(CLAIM);
+        let lock = claim.find("pg_try_advisory_xact_lock").unwrap();
+        for condition in [
+            "% $3 = $4",
+            "from outbox_retries r where r.subject = o.subject",
+            "not in (select unnest($8::text[]))",
+        ] {
+            let at = claim
+                .find(condition)
+                .unwrap_or_else(|| panic!("{condition} in {claim}"));
+            assert!(at < lock, "{condition} comes before the lock");
+        }
+        assert!(claim.ends_with("order by o.created_at, o.id limit $1 for update of o skip locked"));
     }
 
     #[test]
-    fn waiting_and_unclaimed_share_the_claims_predicates() {
-        assert!(squash(WAITING).contains(&squash(not_held!("$1"))));
-        assert!(squash(WAITING).contains("(hashtext(subject) & 2147483647) % $3 % $4 = $5"));
-        assert!(squash(UNCLAIMED).contains("(hashtext(subject) & 2147483647) % $3 % $4 = $5"));
+    fn every_statement_over_the_backlog_starts_at_the_floor() {
+        for (name, sql) in [
+            ("CLAIM", CLAIM),
+            ("UNCLAIMED", UNCLAIMED),
+            ("GAPS", GAPS),
+            ("WAITING", WAITING),
+            ("ADVANCE", ADVANCE),
+        ] {
+            let sql = squash(sql);
+            assert!(
+                sql.contains("o.created_at >= $") && sql.contains("(o.created_at, o.id) > ($"),
+                "{name}: {sql}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_claimable_predicate_is_the_same_everywhere() {
+        for sql in [UNCLAIMED, WAITING] {
+            assert!(squash(sql).contains(&squash(concat!("not ", parked!()))));
+            assert!(squash(sql).contains("(hashtext(o.subject) & 2147483647) % $1 % $2 = $3"));
+        }
     }
 }

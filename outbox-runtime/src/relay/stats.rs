@@ -1,11 +1,9 @@
-//! What the relay counts: the report of one batch, the totals since start, and the metrics a
-//! committed batch records.
+//! What the relay counts: the report of one batch and the totals since start.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use super::publish::{HoldCause, Settled};
 use super::row::Row;
-use crate::metrics as names;
 
 /// What one batch did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -16,15 +14,41 @@ pub struct BatchReport {
     pub published: usize,
     /// Of `published`, acks that JetStream flagged as duplicates.
     pub duplicates: usize,
-    /// Rows whose publish failed; their `attempts` grew by one.
+    /// Rows whose publish failed; their `attempts` grew by one and their subject backs off.
     pub failed: usize,
-    /// Rows claimed but not attempted: an earlier event of their subject failed in this batch,
-    /// the deadline passed first, the row is at the attempt cap, or the claim cut its subject
-    /// before an older row it does not hold (docs/relay.md, *Order*). Their `attempts` are
-    /// unchanged.
+    /// Rows that never reached the broker, or reached it while it could take nothing (not
+    /// connected, a stream electing a leader): no attempt is counted.
+    pub not_attempted: usize,
+    /// Rows held: they cannot be published as they are (docs/relay.md, *Held rows*).
+    pub held: usize,
+    /// Rows claimed but not tried: an earlier event of their subject did not succeed in this
+    /// batch, the deadline passed first, or the claim cut their subject before an older row it
+    /// does not hold (docs/relay.md, *Order*). Their `attempts` are unchanged.
     pub skipped: usize,
-    /// Of `failed`, rows that reached the attempt cap with this failure.
+    /// Rows that reached the attempt cap in this batch (they are among `held` or `failed`).
     pub capped: usize,
+}
+
+impl BatchReport {
+    /// Adds what publishing came to.
+    pub(super) fn apply(&mut self, settled: &Settled, rows: &[Row], max_attempts: i32) {
+        self.published += settled.acked.len();
+        self.duplicates += settled.duplicates;
+        self.failed += settled.failed.len();
+        self.not_attempted += settled.not_attempted.len();
+        self.held += settled.held.len();
+        self.skipped += settled.skipped;
+        self.capped += settled
+            .failed
+            .iter()
+            .filter(|(i, _)| rows[*i].attempts + 1 >= max_attempts)
+            .count()
+            + settled
+                .held
+                .iter()
+                .filter(|(_, h)| h.cause == HoldCause::AtCap)
+                .count();
+    }
 }
 
 /// Totals since the relay was created.
@@ -40,6 +64,10 @@ pub struct RelayStats {
     pub duplicates: u64,
     /// Failed publish attempts (each one `attempts + 1` on its row).
     pub failed: u64,
+    /// Rows not attempted (the broker could not take them).
+    pub not_attempted: u64,
+    /// Rows held.
+    pub held: u64,
     /// Rows claimed but not attempted.
     pub skipped: u64,
     /// Rows that reached the attempt cap.
@@ -54,6 +82,8 @@ pub(super) struct Counters {
     published: AtomicU64,
     duplicates: AtomicU64,
     failed: AtomicU64,
+    not_attempted: AtomicU64,
+    held: AtomicU64,
     skipped: AtomicU64,
     capped: AtomicU64,
 }
@@ -65,6 +95,9 @@ impl Counters {
         self.published.fetch_add(r.published as u64, Relaxed);
         self.duplicates.fetch_add(r.duplicates as u64, Relaxed);
         self.failed.fetch_add(r.failed as u64, Relaxed);
+        self.not_attempted
+            .fetch_add(r.not_attempted as u64, Relaxed);
+        self.held.fetch_add(r.held as u64, Relaxed);
         self.skipped.fetch_add(r.skipped as u64, Relaxed);
         self.capped.fetch_add(r.capped as u64, Relaxed);
     }
@@ -76,53 +109,10 @@ impl Counters {
             published: self.published.load(Relaxed),
             duplicates: self.duplicates.load(Relaxed),
             failed: self.failed.load(Relaxed),
+            not_attempted: self.not_attempted.load(Relaxed),
+            held: self.held.load(Relaxed),
             skipped: self.skipped.load(Relaxed),
             capped: self.capped.load(Relaxed),
         }
-    }
-}
-
-/// The metrics of a committed batch: its size, and one increment per event type and counter.
-pub(super) fn record_batch(
-    max_attempts: i32,
-    rows: &[Row],
-    acked: &[usize],
-    failed: &[(usize, &'static str)],
-    report: &BatchReport,
-) {
-    #[derive(Default)]
-    struct PerType {
-        published: u64,
-        capped: u64,
-    }
-    metrics::histogram!(names::BATCH_SIZE).record(report.claimed as f64);
-    let mut per_type: HashMap<&str, PerType> = HashMap::new();
-    for &i in acked {
-        per_type.entry(&rows[i].event_type).or_default().published += 1;
-    }
-    let mut failures: HashMap<(&str, &'static str), u64> = HashMap::new();
-    for &(i, reason) in failed {
-        let row = &rows[i];
-        *failures.entry((&row.event_type, reason)).or_default() += 1;
-        if row.attempts + 1 >= max_attempts {
-            per_type.entry(&row.event_type).or_default().capped += 1;
-        }
-    }
-    for ((event_type, reason), n) in failures {
-        metrics::counter!(names::PUBLISH_FAILURES, "event_type" => event_type.to_owned(), "reason" => reason)
-            .increment(n);
-    }
-    for (event_type, t) in per_type {
-        if t.published > 0 {
-            metrics::counter!(names::PUBLISHED, "event_type" => event_type.to_owned())
-                .increment(t.published);
-        }
-        if t.capped > 0 {
-            metrics::counter!(names::AT_CAP, "event_type" => event_type.to_owned())
-                .increment(t.capped);
-        }
-    }
-    if report.duplicates > 0 {
-        metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
     }
 }

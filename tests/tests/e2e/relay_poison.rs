@@ -1,5 +1,5 @@
-//! Events the broker refuses (payload over max_payload, no stream for the subject) are retried
-//! with backoff, capped, reported, and do not hold back other subjects.
+//! Events that can never be published as they are (payload over max_payload, no stream for the
+//! subject) are held at once with their reason, and do not hold back other subjects.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +29,7 @@ async fn emit(pool: &PgPool, event_type: &str, subject: &str, data: serde_json::
 }
 
 #[tokio::test]
-async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
+async fn refused_events_are_held_at_once_with_the_brokers_reason_and_hold_only_their_subject() {
     let ctx = Ctx::new().await;
     ctx.ensure_stream().await;
     let pool = ctx.pool().clone();
@@ -54,47 +54,8 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
         good.push(emit(&pool, &paid, &format!("inv-{i}"), json!({ "n": i })).await);
     }
 
-    // Phase 1: a relay with a long backoff. The refused events fail once, their followers are not
-    // attempted, every other subject is published, and nothing is retried at once.
-    let patient = Relay::new(
-        pool.clone(),
-        ctx.js.clone(),
-        RelayConfig {
-            max_attempts: 3,
-            backoff_base: Duration::from_secs(3600),
-            backoff_max: Duration::from_secs(3600),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    let report = patient.run_once().await.unwrap();
-    assert_eq!(report.claimed, 14);
-    assert_eq!(report.published, 10);
-    assert_eq!(report.failed, 2);
-    assert_eq!(
-        report.skipped, 2,
-        "the followers of the refused events wait"
-    );
-    assert_eq!(attempts(&pool, too_big).await, (1, false));
-    assert_eq!(attempts(&pool, no_stream).await, (1, false));
-    assert_eq!(attempts(&pool, after_big).await, (0, false));
-    assert_eq!(attempts(&pool, after_no_stream).await, (0, false));
-    for id in &good {
-        assert_eq!(attempts(&pool, *id).await, (0, true));
-    }
-    assert_eq!(
-        patient.backed_off(),
-        [("inv-big".to_owned(), 1), ("inv-orphan".to_owned(), 1)]
-    );
-    assert_eq!(
-        patient.run_once().await.unwrap().claimed,
-        0,
-        "backed-off subjects are not claimed"
-    );
-
-    // Phase 2: a relay with a short backoff retries them up to the cap, while other subjects
-    // keep flowing.
+    // One batch: the refused events are held at once (no hour of retries for what can never
+    // succeed), their followers are not attempted, every other subject is published.
     let relay = Arc::new(
         Relay::new(
             pool.clone(),
@@ -110,15 +71,34 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
         .await
         .unwrap(),
     );
+    let report = relay.run_once().await.unwrap();
+    assert_eq!(report.claimed, 14);
+    assert_eq!(report.published, 10);
+    assert_eq!((report.held, report.failed), (2, 0));
+    assert_eq!(
+        report.skipped, 2,
+        "the followers of the refused events wait"
+    );
+    // the oversized one was never sent (the relay's own check); the broker refused the other
+    assert_eq!(attempts(&pool, too_big).await, (0, false));
+    assert_eq!(attempts(&pool, no_stream).await, (1, false));
+    assert_eq!(attempts(&pool, after_big).await, (0, false));
+    assert_eq!(attempts(&pool, after_no_stream).await, (0, false));
+    for id in &good {
+        assert_eq!(attempts(&pool, *id).await, (0, true));
+    }
+    let held = relay.held().await.unwrap();
+    let held_ids: Vec<Uuid> = held.iter().map(|h| h.id).collect();
+    assert_eq!(held_ids, [too_big, no_stream]);
+    assert!(held[0].reason.contains("max_payload"), "{}", held[0].reason);
+    assert!(
+        held[1].reason.contains("no stream captures") && held[1].reason.contains(&orphan),
+        "{}",
+        held[1].reason
+    );
+
+    // A running relay leaves them alone while other subjects keep flowing.
     let (stop, running) = run_relay(relay.clone());
-    eventually(
-        Duration::from_secs(30),
-        "both refused events at the cap",
-        || async {
-            attempts(&pool, too_big).await.0 == 3 && attempts(&pool, no_stream).await.0 == 3
-        },
-    )
-    .await;
     let late = emit(&pool, &paid, "inv-late", json!({ "n": 99 })).await;
     eventually(
         Duration::from_secs(30),
@@ -128,24 +108,16 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
     .await;
     stop.send(()).unwrap();
     running.await.unwrap();
-
-    // Past the cap the rows are left alone, reported, and their subjects stay held.
     let report = relay.run_once().await.unwrap();
-    assert_eq!(report.claimed, 0);
-    assert_eq!(attempts(&pool, too_big).await, (3, false));
-    assert_eq!(attempts(&pool, no_stream).await, (3, false));
+    assert_eq!(report.claimed, 0, "held subjects are not claimed");
+    assert_eq!(attempts(&pool, too_big).await, (0, false));
+    assert_eq!(attempts(&pool, no_stream).await, (1, false));
     assert_eq!(attempts(&pool, after_big).await, (0, false));
     assert_eq!(attempts(&pool, after_no_stream).await, (0, false));
-    assert_eq!(relay.stats().capped, 2);
-    assert_eq!(
-        relay.stats().failed,
-        4,
-        "two retries each after the first relay's attempt"
-    );
-    let capped: Vec<Uuid> = relay.capped().await.unwrap().iter().map(|c| c.id).collect();
-    assert_eq!(capped, [too_big, no_stream]);
+    assert_eq!(relay.stats().held, 2);
+    assert_eq!(relay.stats().failed, 0);
 
-    // An operator fixes the cause (a stream for the orphan subject) and resets attempts: the
+    // An operator fixes the cause (a stream for the orphan subject) and releases the row: the
     // held subject drains in order.
     let orphan_stream = StreamSpec {
         name: orphan_prefix.to_uppercase(),
@@ -154,11 +126,14 @@ async fn refused_events_back_off_reach_the_cap_and_hold_only_their_subject() {
         ..Default::default()
     };
     orphan_stream.ensure(&ctx.js).await.unwrap();
-    sqlx::query("update outbox_events set attempts = 0 where id = $1")
-        .bind(no_stream)
-        .execute(&pool)
-        .await
-        .unwrap();
+    let released = outbox_runtime::status::unblock(
+        &pool,
+        &outbox_runtime::status::Unblock::Ids(vec![no_stream]),
+        3,
+    )
+    .await
+    .unwrap();
+    assert_eq!(released, [no_stream]);
     while relay.run_once().await.unwrap().claimed > 0 {}
     assert_eq!(attempts(&pool, no_stream).await, (0, true));
     assert_eq!(attempts(&pool, after_no_stream).await, (0, true));

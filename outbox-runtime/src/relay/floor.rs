@@ -1,0 +1,202 @@
+//! A lane's floor: the position at or before which every unpublished row of the lane is
+//! parked (its subject held or backing off), so that the lane's statements start after it and
+//! do not read the same parked rows at every batch (docs/relay.md, *Parked subjects*).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::position::Position;
+
+/// How often a lane advances its floor while subjects are parked.
+const ADVANCE_EVERY: Duration = Duration::from_millis(100);
+
+/// A candidate floor, usable once every transaction that was running when it was found has
+/// ended: only those could still commit a row before it.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    to: Position,
+    /// The snapshot's `xmax` when the candidate was found: it is settled when the oldest running
+    /// transaction (`xmin`) is at least this.
+    xmax: u64,
+}
+
+/// One lane's floor.
+#[derive(Debug)]
+pub(super) struct Floor {
+    at: Position,
+    pending: Option<Pending>,
+    last_advance: Option<Instant>,
+    /// The floor goes back to the start this often: a row inserted with an old `created_at`
+    /// (the column's default `now()` in a long transaction) is found at the next reset.
+    reset_every: Duration,
+    next_reset: Instant,
+}
+
+impl Floor {
+    /// A floor at the start, reset every `reset_every`.
+    pub(super) fn new(reset_every: Duration) -> Floor {
+        Floor {
+            at: Position::START,
+            pending: None,
+            last_advance: None,
+            reset_every,
+            next_reset: Instant::now() + reset_every,
+        }
+    }
+
+    /// The floor the batch's statements start after.
+    pub(super) fn position(&self) -> Position {
+        self.at
+    }
+
+    /// At the start of a batch, whose snapshot's oldest running transaction is `xmin`: the
+    /// periodic reset, and a pending candidate promoted once it is settled.
+    pub(super) fn begin(&mut self, now: Instant, xmin: u64) {
+        if now >= self.next_reset {
+            self.reset(now);
+            return;
+        }
+        if let Some(p) = self.pending {
+            if xmin >= p.xmax {
+                self.at = self.at.max(p.to);
+                self.pending = None;
+            }
+        }
+    }
+
+    /// Whether the batch should look ahead of the floor: subjects are parked, no candidate is
+    /// waiting, and the last look is not too recent.
+    pub(super) fn wants_advance(&self, now: Instant, parked: bool) -> bool {
+        let due = self.last_advance.is_none_or(|t| now >= t + ADVANCE_EVERY);
+        parked && self.pending.is_none() && due
+    }
+
+    /// What a look ahead found: the last row of the leading parked run after the floor, if
+    /// any, with the snapshot's `xmax`.
+    pub(super) fn advanced(&mut self, to: Option<Position>, xmax: u64, now: Instant) {
+        self.last_advance = Some(now);
+        if let Some(to) = to.filter(|to| *to > self.at) {
+            self.pending = Some(Pending { to, xmax });
+        }
+    }
+
+    /// A row at `to` became claimable (its subject's parked head was published): the floor
+    /// moves back before it, and a candidate beyond it is dropped.
+    pub(super) fn pull_back(&mut self, to: Position) {
+        let before = Position {
+            at: to.at,
+            id: Uuid::nil(),
+        };
+        self.at = self.at.min(before);
+        self.pending = None;
+    }
+
+    /// Back to the start (an operator released held subjects, or the period passed).
+    pub(super) fn reset(&mut self, now: Instant) {
+        self.at = Position::START;
+        self.pending = None;
+        self.last_advance = None;
+        self.next_reset = now + self.reset_every;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{TimeZone, Utc};
+
+    use super::super::position::Stamp;
+    use super::*;
+
+    fn at(secs: i64, id: u128) -> Position {
+        Position {
+            at: Stamp::At(Utc.timestamp_opt(secs, 0).unwrap()),
+            id: Uuid::from_u128(id),
+        }
+    }
+
+    fn floor() -> Floor {
+        Floor::new(Duration::from_secs(30))
+    }
+
+    #[test]
+    fn the_floor_moves_over_the_leading_parked_run_once_settled() {
+        let mut f = floor();
+        let now = Instant::now();
+        assert!(
+            !f.wants_advance(now, false),
+            "nothing parked: nothing to skip"
+        );
+        assert!(f.wants_advance(now, true));
+        f.advanced(Some(at(2, 2)), 100, now);
+        assert!(
+            !f.wants_advance(now + ADVANCE_EVERY, true),
+            "a candidate waits"
+        );
+        assert_eq!(
+            f.position(),
+            Position::START,
+            "not before the candidate is settled"
+        );
+        f.begin(now, 99);
+        assert_eq!(
+            f.position(),
+            Position::START,
+            "a transaction older than the look runs"
+        );
+        f.begin(now, 100);
+        assert_eq!(f.position(), at(2, 2));
+        assert!(!f.wants_advance(now, true), "not twice within the interval");
+        assert!(f.wants_advance(now + ADVANCE_EVERY, true));
+    }
+
+    #[test]
+    fn a_look_that_finds_no_parked_run_leaves_the_floor() {
+        let mut f = floor();
+        let now = Instant::now();
+        f.advanced(Some(at(2, 2)), 1, now);
+        f.begin(now, 1);
+        f.advanced(None, 2, now + ADVANCE_EVERY);
+        f.advanced(Some(at(1, 1)), 2, now + ADVANCE_EVERY * 2);
+        f.begin(now, 5);
+        assert_eq!(f.position(), at(2, 2), "never backwards by a look");
+    }
+
+    #[test]
+    fn a_released_head_pulls_the_floor_back_before_it() {
+        let mut f = floor();
+        let now = Instant::now();
+        f.advanced(Some(at(5, 5)), 1, now);
+        f.begin(now, 1);
+        assert_eq!(f.position(), at(5, 5));
+        f.pull_back(at(1, 1));
+        assert!(f.position() < at(1, 1));
+        assert_eq!(f.position().at, at(1, 1).at);
+    }
+
+    #[test]
+    fn a_pull_back_drops_a_candidate_beyond_it() {
+        let mut f = floor();
+        let now = Instant::now();
+        f.advanced(Some(at(5, 5)), 10, now);
+        f.pull_back(at(3, 3));
+        f.begin(now, 10);
+        assert_eq!(
+            f.position(),
+            Position::START,
+            "the candidate would have skipped the released rows"
+        );
+    }
+
+    #[test]
+    fn the_floor_goes_back_to_the_start_periodically() {
+        let mut f = Floor::new(Duration::from_secs(30));
+        let now = Instant::now();
+        f.advanced(Some(at(1, 1)), 1, now);
+        f.begin(now, 1);
+        assert_eq!(f.position(), at(1, 1));
+        f.begin(now + Duration::from_secs(31), 1);
+        assert_eq!(f.position(), Position::START);
+    }
+}

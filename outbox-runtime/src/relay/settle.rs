@@ -1,0 +1,208 @@
+//! What a batch writes before it commits, what it records after, and what its lane makes of
+//! it: the marks, the retry schedule of the subjects that failed or are held, the metrics and
+//! log lines (docs/relay.md, *Failures* and *Held rows*).
+
+use std::collections::HashMap;
+
+use uuid::Uuid;
+
+use super::claim::{ctids, subjects};
+use super::position::Position;
+use super::publish::{HoldCause, Settled};
+use super::row::Row;
+use super::sql;
+use super::stats::BatchReport;
+use super::tx::{timed, Tx};
+use super::Relay;
+use crate::error::{Error, Result};
+use crate::metrics as names;
+use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
+
+/// What a committed (or released) batch means for its lane.
+#[derive(Debug)]
+pub(super) struct Effects {
+    pub(super) report: BatchReport,
+    /// Parked heads that were published: their subjects' later rows may be behind the floor.
+    pub(super) released: Vec<Position>,
+    /// Subjects to leave out for a while: not attempted (an election, the connection), or cut
+    /// at a row another transaction holds.
+    pub(super) pause: Vec<String>,
+    /// Seconds until the earliest retry is due, on the database's clock.
+    pub(super) next_retry: Option<f64>,
+}
+
+impl Effects {
+    pub(super) fn new(
+        rows: &[Row],
+        due: usize,
+        settled: &Settled,
+        cut: Vec<String>,
+        report: BatchReport,
+        next_retry: Option<f64>,
+    ) -> Effects {
+        let released = settled
+            .acked
+            .iter()
+            .filter(|&&i| i < due)
+            .map(|&i| rows[i].position)
+            .collect();
+        let mut pause = cut;
+        pause.extend(
+            subjects(rows, settled.not_attempted.iter().map(|(i, _)| *i))
+                .into_iter()
+                .map(str::to_owned),
+        );
+        Effects {
+            report,
+            released,
+            pause,
+            next_retry,
+        }
+    }
+}
+
+/// The marks and the retry schedule, in the batch's transaction.
+pub(super) async fn write(
+    tx: &mut Tx,
+    relay: &Relay,
+    rows: &[Row],
+    due: usize,
+    settled: &Settled,
+) -> Result<()> {
+    let config = &relay.config;
+    let published = ctids(rows, settled.acked.iter().copied());
+    let attempted = ctids(
+        rows,
+        settled.failed.iter().map(|(i, _)| *i).chain(
+            settled
+                .held
+                .iter()
+                .filter(|(_, h)| h.cause.attempted())
+                .map(|(i, _)| *i),
+        ),
+    );
+    for (statement, ctids) in [
+        (sql::MARK_PUBLISHED, published),
+        (sql::MARK_FAILED, attempted),
+    ] {
+        if ctids.is_empty() {
+            continue;
+        }
+        let marked = timed(
+            OUTBOX_EVENTS,
+            sqlx::query(statement).bind(&ctids).execute(tx.conn()),
+        )
+        .await?
+        .rows_affected();
+        if marked != ctids.len() as u64 {
+            // cannot happen while the rows are locked; if it does, give the batch up: the rows
+            // stay unpublished and are republished under the same ids
+            return Err(Error::Database(sqlx::Error::Protocol(format!(
+                "outbox mark updated {marked} of {} claimed rows; the batch is rolled back",
+                ctids.len()
+            ))));
+        }
+    }
+    let mut ids = Vec::new();
+    let mut delays: Vec<Option<f64>> = Vec::new();
+    let mut reasons = Vec::new();
+    for (i, failure) in &settled.failed {
+        let row = &rows[*i];
+        ids.push(row.id);
+        if row.attempts + 1 >= config.max_attempts {
+            delays.push(None);
+            reasons.push(format!(
+                "it reached the attempt cap ({}): {failure}",
+                config.max_attempts
+            ));
+        } else {
+            delays.push(Some(
+                config.backoff((row.attempts + 1) as u32).as_secs_f64() * 1000.0,
+            ));
+            reasons.push(failure.to_string());
+        }
+    }
+    for (i, hold) in &settled.held {
+        ids.push(rows[*i].id);
+        delays.push(None);
+        reasons.push(hold.reason.clone());
+    }
+    if !ids.is_empty() {
+        timed(
+            OUTBOX_RETRIES,
+            sqlx::query(sql::PARK)
+                .bind(&ids)
+                .bind(&delays)
+                .bind(&reasons)
+                .execute(tx.conn()),
+        )
+        .await?;
+    }
+    let released: Vec<Uuid> = settled
+        .acked
+        .iter()
+        .filter(|&&i| i < due)
+        .map(|&i| rows[i].id)
+        .collect();
+    if !released.is_empty() {
+        timed(
+            OUTBOX_RETRIES,
+            sqlx::query(sql::UNPARK).bind(&released).execute(tx.conn()),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The counters, metrics and log lines of a committed batch.
+pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &BatchReport) {
+    relay.counters.add(report);
+    metrics::histogram!(names::BATCH_SIZE).record(report.claimed as f64);
+    let type_of = |i: usize| match &rows[i].event {
+        Ok(e) => e.event_type.clone(),
+        Err(_) => String::new(),
+    };
+    let mut published: HashMap<String, u64> = HashMap::new();
+    for &i in &settled.acked {
+        *published.entry(type_of(i)).or_default() += 1;
+    }
+    relay.streams.saw(published.keys().map(String::as_str));
+    for (event_type, n) in published {
+        metrics::counter!(names::PUBLISHED, "event_type" => event_type).increment(n);
+    }
+    let max_attempts = relay.config.max_attempts;
+    for (i, failure) in &settled.failed {
+        let row = &rows[*i];
+        metrics::counter!(names::PUBLISH_FAILURES, "event_type" => type_of(*i), "reason" => failure.reason()).increment(1);
+        if row.attempts + 1 >= max_attempts {
+            metrics::counter!(names::AT_CAP, "event_type" => type_of(*i)).increment(1);
+            tracing::error!(id = %row.id, subject = %row.subject, attempts = row.attempts + 1, reason = failure.reason(), error = %failure,
+                "outbox event reached the attempt cap: it is held, with the later events of its subject, until an operator releases it (`outbox unblock`)");
+        } else {
+            tracing::debug!(id = %row.id, subject = %row.subject, reason = failure.reason(), error = %failure, "outbox publish failed; the subject backs off");
+        }
+    }
+    for (i, hold) in &settled.held {
+        let row = &rows[*i];
+        metrics::counter!(names::HELD, "event_type" => crate::naming::shorten(&type_of(*i)).into_owned(), "cause" => hold.cause.label()).increment(1);
+        if hold.cause == HoldCause::AtCap {
+            metrics::counter!(names::AT_CAP, "event_type" => type_of(*i)).increment(1);
+        }
+        tracing::error!(id = %row.id, subject = %crate::naming::shorten(&row.subject), cause = hold.cause.label(), reason = %hold.reason,
+            "outbox event held: it cannot be published as it is; the later events of its subject wait behind it until an operator releases it (`outbox unblock`)");
+    }
+    for (_, failure) in &settled.not_attempted {
+        metrics::counter!(names::NOT_ATTEMPTED, "reason" => failure.reason()).increment(1);
+    }
+    if report.duplicates > 0 {
+        metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
+    }
+    if let Some((_, first)) = settled.failed.first() {
+        tracing::warn!(failed = settled.failed.len(), published = report.published, first_reason = first.reason(), first_error = %first,
+            "outbox relay: publishes failed; their subjects back off");
+    }
+    if let Some((_, first)) = settled.not_attempted.first() {
+        tracing::info!(not_attempted = settled.not_attempted.len(), published = report.published, reason = first.reason(), error = %first,
+            "outbox relay: events not attempted (the broker could not take them); no attempt is counted, they go again shortly");
+    }
+}
