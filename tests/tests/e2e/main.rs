@@ -9,5 +9,6 @@
 mod consumer;
 mod operations;
 mod relay_basic;
+mod relay_faults;
 mod relay_poison;
 mod relay_replicas;

@@ -5,5 +5,6 @@
 
 mod operations;
 mod relay_crash;
+mod relay_listen;
 mod relay_outage;
 mod relay_pg_restart;
