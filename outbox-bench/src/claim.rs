@@ -8,9 +8,15 @@
 //! [`Claim::commit`](outbox_runtime::Claim::commit) (mark published, commit); then delete the
 //! batch's rows, so both tables keep their size. Figures are medians.
 //!
-//! Last line: `claim_full_vs_empty_ratio=<median full batch / median empty batch>` (the whole
-//! batch: claim + publish + mark + commit). The claim + mark + commit part without the publish
-//! is printed as its own ratio.
+//! Two more databases hold rows the relay must leave alone, older than every batch: *backing
+//! off* has 5,000 subjects whose one row failed and waits for its retry (a row each in
+//! `outbox_retries`, due in a day), *held* has 100,000 rows queued behind one held subject.
+//! Their claims are compared with the empty table's: a claim must not read what waits.
+//!
+//! Last lines: `claim_backing_off_vs_plain_ratio=` and `claim_held_backlog_vs_plain_ratio=`
+//! (the claim step), then `claim_full_vs_empty_ratio=<median full batch / median empty batch>`
+//! (the whole batch: claim + publish + mark + commit). The claim + mark + commit part without
+//! the publish is printed as its own ratio.
 
 use std::time::{Duration, Instant};
 
@@ -51,9 +57,24 @@ async fn bench(quick: bool) {
         "batch {} rows; full table: {history} published rows; {samples} samples per table, interleaved",
         batch()
     );
+    let (backing_off, held) = if quick {
+        (1_000, 20_000)
+    } else {
+        (5_000, 100_000)
+    };
     let mut tables = Vec::new();
-    for (label, rows) in [("empty", 0), ("full", history)] {
+    for (label, rows) in [
+        ("empty", 0),
+        ("full", history),
+        ("backing off", 0),
+        ("held", 0),
+    ] {
         let db = common::database().await;
+        match label {
+            "backing off" => park(&db, &stream.prefix, "backoff", backing_off, backing_off).await,
+            "held" => park(&db, &stream.prefix, "held", held, 1).await,
+            _ => {}
+        }
         if rows > 0 {
             let took = common::fill_published(
                 &db.pool,
@@ -99,8 +120,9 @@ async fn bench(quick: bool) {
         t.total.clear();
     }
     for s in 0..samples {
-        for k in 0..2 {
-            let t = &mut tables[(k + s) % 2];
+        for k in 0..tables.len() {
+            let n = tables.len();
+            let t = &mut tables[(k + s) % n];
             sample(t, &stream.prefix).await;
         }
         stream.purge().await;
@@ -117,7 +139,19 @@ async fn bench(quick: bool) {
         );
         medians.push((claim, mark, total));
     }
-    let (empty, full) = (medians[0], medians[1]);
+    let (empty, full, backing, behind_held) = (medians[0], medians[1], medians[2], medians[3]);
+    println!(
+        "claim_backing_off_vs_plain_ratio={:.3} ({backing_off} subjects backing off: claim {:.2} ms vs {:.2} ms)",
+        backing.0 / empty.0,
+        backing.0,
+        empty.0
+    );
+    println!(
+        "claim_held_backlog_vs_plain_ratio={:.3} ({held} rows behind a held subject: claim {:.2} ms vs {:.2} ms)",
+        behind_held.0 / empty.0,
+        behind_held.0,
+        empty.0
+    );
     println!(
         "claim_and_mark_full_vs_empty_ratio={:.3} (claim + mark + commit, no publish: {:.2} ms vs {:.2} ms)",
         (full.0 + full.1) / (empty.0 + empty.1),
@@ -128,6 +162,36 @@ async fn bench(quick: bool) {
     stream.delete().await;
     drop(tables);
     println!("claim_full_vs_empty_ratio={:.3}", full.2 / empty.2);
+}
+
+/// `rows` old rows over `subjects` subjects, each subject parked in `outbox_retries` by its
+/// oldest row: backing off (due in a day) when every subject has one row, held otherwise.
+async fn park(db: &TestDb, prefix: &str, kind: &str, rows: i64, subjects: i64) {
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at)
+         select gen_random_uuid(), $1 || '.order.placed', 'bench', $2 || '-' || (g % $4), now(),
+                '{}'::jsonb, now() - interval '1 hour' + g * interval '1 microsecond'
+           from generate_series(1, $3) g",
+    )
+    .bind(prefix)
+    .bind(kind)
+    .bind(rows)
+    .bind(subjects)
+    .execute(&db.pool)
+    .await
+    .expect("insert the parked rows");
+    sqlx::query(
+        "insert into outbox_retries (subject, event_id, retry_at, reason)
+         select distinct on (subject) subject, id,
+                case when $2 then now() + interval '1 day' end, 'bench'
+           from outbox_events where subject like $1 || '-%' order by subject, created_at, id",
+    )
+    .bind(kind)
+    .bind(rows == subjects)
+    .execute(&db.pool)
+    .await
+    .expect("park their subjects");
+    println!("{kind}: {rows} rows over {subjects} parked subject(s)");
 }
 
 async fn sample(t: &mut Table, prefix: &str) {
