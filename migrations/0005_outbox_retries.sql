@@ -21,3 +21,9 @@ create table if not exists outbox_retries (
   reason    text        not null,
   since     timestamptz not null default now()
 );
+
+-- The due retries, for the claim of due heads and the relay's next wake-up: the held subjects
+-- (null retry_at) are left out, so the index stays as small as the failures backing off.
+create index if not exists outbox_retries_due_idx
+  on outbox_retries (retry_at)
+  where retry_at is not null;

@@ -1421,7 +1421,7 @@ async fn frozen_batch_locks(db: &TestDb) -> i64 {
     sqlx::query_scalar(
         "select count(*) from pg_locks l join pg_stat_activity a on a.pid = l.pid \
           where l.locktype = 'advisory' and l.classid = $1::oid and l.granted \
-            and a.state = 'idle in transaction'",
+            and a.state = 'idle in transaction' and a.datname = current_database()",
     )
     .bind(i64::from(outbox_runtime::relay::LOCK_NAMESPACE))
     .fetch_one(&db.pool)
@@ -1431,12 +1431,37 @@ async fn frozen_batch_locks(db: &TestDb) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_frozen_mid_batch_releases_its_subjects_within_seconds() {
-    const EVENTS: i64 = 20_000;
+    const EVENTS: i64 = 2_000;
     let ctx = Ctx::new().await;
     ctx.ensure_stream().await;
     let event_type = ctx.event_type("frozen.row.changed");
     let url = db_url(&ctx.db);
-    let nats = nats_url();
+    // The relay that freezes publishes to a server of its own, which stops answering first: its
+    // batch then waits for acks, locks held, and is frozen there (SIGSTOP, as a paused VM).
+    let mut stuck_broker = NatsServer::spawn().await;
+    let mut frozen = Running::spawn(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--nats-url",
+        &stuck_broker.url(),
+        "--lanes",
+        "1",
+        "--batch-size",
+        "10000",
+    ]);
+    eventually(PATIENCE, "the relay to listen", || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity where datname = current_database() and query like 'LISTEN%'",
+        )
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap()
+            > 0
+    })
+    .await;
+    let broker_pid = stuck_broker.pid().expect("the private server runs");
+    signal(broker_pid, "STOP");
     let expected: Vec<(Uuid, String)> = sqlx::query_as(
         "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
          select gen_random_uuid(), $1, 'billing', 's-' || (g % 200), now(), jsonb_build_object('n', g), \
@@ -1448,41 +1473,24 @@ async fn a_relay_frozen_mid_batch_releases_its_subjects_within_seconds() {
     .fetch_all(ctx.pool())
     .await
     .unwrap();
-    // One relay drains the backlog; it is frozen (SIGSTOP, as a paused VM or a stopped process)
-    // while a batch of it is open.
-    let mut frozen = Running::spawn(&[
-        "relay",
-        "--database-url",
-        &url,
-        "--nats-url",
-        &nats,
-        "--lanes",
-        "1",
-    ]);
+    sqlx::query("select pg_notify('outbox_events', '')")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(4),
+        "the relay to claim the backlog and wait for acks",
+        || async { frozen_batch_locks(&ctx.db).await > 0 },
+    )
+    .await;
     let pid = frozen.child.id();
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        assert!(
-            tries < 50,
-            "never caught the relay inside a batch: {}",
-            frozen.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        signal(pid, "STOP");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if frozen_batch_locks(&ctx.db).await > 0 {
-            break;
-        }
-        signal(pid, "CONT");
-    }
-    let unpublished = ctx.db.unpublished().await;
-    assert!(unpublished > 0, "the backlog is not drained yet");
+    signal(pid, "STOP");
+    let frozen_at = tokio::time::Instant::now();
     // A healthy relay starts beside it: every subject is published within ack_timeout + 10 s,
-    // once the frozen batch's transaction has been ended by the server.
+    // once the server has ended the frozen batch's transaction.
     let config = outbox_runtime::RelayConfig::default();
     let pool = ctx.db.new_pool(config.pool_size()).await;
-    let js = async_nats::jetstream::new(outbox_testkit::connect_nats(&nats).await);
+    let js = async_nats::jetstream::new(outbox_testkit::connect_nats(&nats_url()).await);
     let healthy = std::sync::Arc::new(
         outbox_runtime::Relay::new(pool, js, config.clone())
             .await
@@ -1495,6 +1503,10 @@ async fn a_relay_frozen_mid_batch_releases_its_subjects_within_seconds() {
         || async { ctx.db.unpublished().await == 0 },
     )
     .await;
+    eprintln!(
+        "every subject published {:?} after the freeze",
+        frozen_at.elapsed()
+    );
     assert_eq!(
         frozen_batch_locks(&ctx.db).await,
         0,
@@ -1502,11 +1514,10 @@ async fn a_relay_frozen_mid_batch_releases_its_subjects_within_seconds() {
     );
     stop.send(()).unwrap();
     running.await.unwrap();
-    // The frozen relay wakes up to a dead connection: it gives its batch up and stops cleanly.
-    signal(pid, "CONT");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    frozen.terminate();
+    signal(pid, "KILL");
     frozen.wait().await;
+    signal(broker_pid, "CONT");
+    stuck_broker.stop();
     let mut per_subject: HashMap<String, Vec<Uuid>> = HashMap::new();
     for (id, subject) in expected {
         per_subject.entry(subject).or_default().push(id);

@@ -197,6 +197,12 @@ impl NatsServer {
         lines[lines.len().saturating_sub(5)..].join(" | ")
     }
 
+    /// The server's process id while it runs, for a test that signals it (`kill -STOP` to
+    /// freeze it without closing its connections).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server (this child only, by its pid) and waits for it to exit.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -82,8 +82,15 @@ impl<'r> Claim<'r> {
             let mut tx = Tx::begin(&relay.pool).await?;
             let start = settings(&mut tx, relay).await?;
             let now = Instant::now();
-            floor.begin(now, start.xmin);
+            floor.begin(start.xmin);
             let paused = relay.pauses.excluded(now, Duration::from_secs(60));
+            if floor.wants_check(now) {
+                if let Some(below) =
+                    below_floor(&mut tx, relay, lane, floor.position(), &paused).await?
+                {
+                    floor.pull_back(below);
+                }
+            }
             if floor.wants_advance(now, start.parked) {
                 let to = advance(&mut tx, relay, lane, floor.position(), &paused).await?;
                 floor.advanced(to, start.xmax, now);
@@ -432,14 +439,53 @@ async fn advance(
     )
     .await?;
     let Some(row) = row else { return Ok(None) };
-    // a row whose created_at cannot be read is not a place for the floor
-    let Ok(micros) = row.try_get_unchecked::<i64, _>(0) else {
+    let stamp = |i: usize| -> Option<Stamp> {
+        let micros: Option<i64> = row.try_get_unchecked(i).ok().flatten();
+        micros.and_then(|m| Stamp::from_pg_micros(m).ok())
+    };
+    let Some(settled) = stamp(2) else {
         return Ok(None);
     };
-    let Ok(at) = Stamp::from_pg_micros(micros) else {
-        return Ok(None);
+    let mut to = Position {
+        at: settled,
+        id: Uuid::max(),
     };
+    let first: Option<Uuid> = row.try_get(1).map_err(|e| OUTBOX_EVENTS.error(e))?;
+    if let Some(first) = first {
+        // an unreadable instant is not a place for the floor: stay where it is
+        let Some(at) = stamp(0) else { return Ok(None) };
+        to = to.min(Position { at, id: first }.before());
+    }
+    Ok(Some(to))
+}
+
+/// [`BELOW_FLOOR`](sql::BELOW_FLOOR): a claimable row that appeared at or before the floor.
+async fn below_floor(
+    tx: &mut Tx,
+    relay: &Relay,
+    lane: Lane,
+    floor: Position,
+    paused: &[String],
+) -> Result<Option<Position>> {
+    let row: Option<PgRow> = timed(
+        OUTBOX_RETRIES,
+        sqlx::query(sql::BELOW_FLOOR)
+            .bind(relay.config.partitions)
+            .bind(lane.count)
+            .bind(lane.index)
+            .bind(floor.at_text())
+            .bind(floor.id)
+            .bind(paused)
+            .fetch_optional(tx.conn()),
+    )
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let micros: i64 = row
+        .try_get_unchecked(0)
+        .map_err(|e| OUTBOX_EVENTS.error(e))?;
     let id: Uuid = row.try_get(1).map_err(|e| OUTBOX_EVENTS.error(e))?;
+    let at = Stamp::from_pg_micros(micros).unwrap_or(Stamp::NegInfinity);
+    tracing::info!(%id, "outbox relay found a row older than the rows it had passed (an old created_at); it goes out now");
     Ok(Some(Position { at, id }))
 }
 

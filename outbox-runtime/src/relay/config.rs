@@ -146,8 +146,9 @@ impl RelayConfig {
         self.ack_timeout + self.backoff_max + LOOP_BACKOFF_MAX + super::tx::STATEMENT_TIMEOUT
     }
 
-    /// How often a lane's floor goes back to the start (docs/relay.md, *Parked subjects*).
-    pub(crate) fn floor_reset(&self) -> Duration {
+    /// How often a lane looks below its floor for a row that appeared there (docs/relay.md,
+    /// *Parked subjects*).
+    pub(crate) fn floor_check(&self) -> Duration {
         self.poll_interval.saturating_mul(6)
     }
 

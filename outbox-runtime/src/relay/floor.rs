@@ -1,11 +1,11 @@
 //! A lane's floor: the position at or before which every unpublished row of the lane is
 //! parked (its subject held or backing off), so that the lane's statements start after it and
-//! do not read the same parked rows at every batch (docs/relay.md, *Parked subjects*).
+//! read neither the parked rows nor the index entries of rows published since, at every batch
+//! (docs/relay.md, *Parked subjects*).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
-use uuid::Uuid;
 
 use super::position::Position;
 
@@ -28,21 +28,21 @@ pub(super) struct Floor {
     at: Position,
     pending: Option<Pending>,
     last_advance: Option<Instant>,
-    /// The floor goes back to the start this often: a row inserted with an old `created_at`
-    /// (the column's default `now()` in a long transaction) is found at the next reset.
-    reset_every: Duration,
-    next_reset: Instant,
+    /// A row inserted with an old `created_at` (the column's default `now()` in a long
+    /// transaction) can appear below the floor: the lane looks there this often.
+    check_every: Duration,
+    next_check: Instant,
 }
 
 impl Floor {
-    /// A floor at the start, reset every `reset_every`.
-    pub(super) fn new(reset_every: Duration) -> Floor {
+    /// A floor at the start, which looks below itself every `check_every`.
+    pub(super) fn new(check_every: Duration) -> Floor {
         Floor {
             at: Position::START,
             pending: None,
             last_advance: None,
-            reset_every,
-            next_reset: Instant::now() + reset_every,
+            check_every,
+            next_check: Instant::now() + check_every,
         }
     }
 
@@ -51,13 +51,9 @@ impl Floor {
         self.at
     }
 
-    /// At the start of a batch, whose snapshot's oldest running transaction is `xmin`: the
-    /// periodic reset, and a pending candidate promoted once it is settled.
-    pub(super) fn begin(&mut self, now: Instant, xmin: u64) {
-        if now >= self.next_reset {
-            self.reset(now);
-            return;
-        }
+    /// At the start of a batch, whose snapshot's oldest running transaction is `xmin`: a
+    /// pending candidate promoted once it is settled.
+    pub(super) fn begin(&mut self, xmin: u64) {
         if let Some(p) = self.pending {
             if xmin >= p.xmax {
                 self.at = self.at.max(p.to);
@@ -73,8 +69,8 @@ impl Floor {
         parked && self.pending.is_none() && due
     }
 
-    /// What a look ahead found: the last row of the leading parked run after the floor, if
-    /// any, with the snapshot's `xmax`.
+    /// What a look ahead found: where the floor may move (before the lane's first claimable
+    /// row, and a second behind the database's clock), with the snapshot's `xmax`.
     pub(super) fn advanced(&mut self, to: Option<Position>, xmax: u64, now: Instant) {
         self.last_advance = Some(now);
         if let Some(to) = to.filter(|to| *to > self.at) {
@@ -85,26 +81,33 @@ impl Floor {
     /// A row at `to` became claimable (its subject's parked head was published): the floor
     /// moves back before it, and a candidate beyond it is dropped.
     pub(super) fn pull_back(&mut self, to: Position) {
-        let before = Position {
-            at: to.at,
-            id: Uuid::nil(),
-        };
-        self.at = self.at.min(before);
+        self.at = self.at.min(to.before());
         self.pending = None;
     }
 
-    /// Back to the start (an operator released held subjects, or the period passed).
-    pub(super) fn reset(&mut self, now: Instant) {
+    /// Whether the batch should look below the floor for a row that appeared there (it is
+    /// above the start, and the last look is [`check_every`](Floor::new) old); the look is then
+    /// counted as made.
+    pub(super) fn wants_check(&mut self, now: Instant) -> bool {
+        if self.at == Position::START || now < self.next_check {
+            return false;
+        }
+        self.next_check = now + self.check_every;
+        true
+    }
+
+    /// Back to the start (an operator released held subjects).
+    pub(super) fn reset(&mut self) {
         self.at = Position::START;
         self.pending = None;
         self.last_advance = None;
-        self.next_reset = now + self.reset_every;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use chrono::{TimeZone, Utc};
+    use uuid::Uuid;
 
     use super::super::position::Stamp;
     use super::*;
@@ -139,13 +142,13 @@ mod tests {
             Position::START,
             "not before the candidate is settled"
         );
-        f.begin(now, 99);
+        f.begin(99);
         assert_eq!(
             f.position(),
             Position::START,
             "a transaction older than the look runs"
         );
-        f.begin(now, 100);
+        f.begin(100);
         assert_eq!(f.position(), at(2, 2));
         assert!(!f.wants_advance(now, true), "not twice within the interval");
         assert!(f.wants_advance(now + ADVANCE_EVERY, true));
@@ -156,10 +159,10 @@ mod tests {
         let mut f = floor();
         let now = Instant::now();
         f.advanced(Some(at(2, 2)), 1, now);
-        f.begin(now, 1);
+        f.begin(1);
         f.advanced(None, 2, now + ADVANCE_EVERY);
         f.advanced(Some(at(1, 1)), 2, now + ADVANCE_EVERY * 2);
-        f.begin(now, 5);
+        f.begin(5);
         assert_eq!(f.position(), at(2, 2), "never backwards by a look");
     }
 
@@ -168,7 +171,7 @@ mod tests {
         let mut f = floor();
         let now = Instant::now();
         f.advanced(Some(at(5, 5)), 1, now);
-        f.begin(now, 1);
+        f.begin(1);
         assert_eq!(f.position(), at(5, 5));
         f.pull_back(at(1, 1));
         assert!(f.position() < at(1, 1));
@@ -181,7 +184,7 @@ mod tests {
         let now = Instant::now();
         f.advanced(Some(at(5, 5)), 10, now);
         f.pull_back(at(3, 3));
-        f.begin(now, 10);
+        f.begin(10);
         assert_eq!(
             f.position(),
             Position::START,
@@ -190,13 +193,22 @@ mod tests {
     }
 
     #[test]
-    fn the_floor_goes_back_to_the_start_periodically() {
+    fn the_floor_looks_below_itself_periodically_and_moves_back() {
         let mut f = Floor::new(Duration::from_secs(30));
         let now = Instant::now();
-        f.advanced(Some(at(1, 1)), 1, now);
-        f.begin(now, 1);
-        assert_eq!(f.position(), at(1, 1));
-        f.begin(now + Duration::from_secs(31), 1);
+        assert!(
+            !f.wants_check(now + Duration::from_secs(31)),
+            "nothing below the start"
+        );
+        f.advanced(Some(at(5, 5)), 1, now);
+        f.begin(1);
+        assert!(!f.wants_check(now), "not yet");
+        let later = now + Duration::from_secs(31);
+        assert!(f.wants_check(later));
+        assert!(!f.wants_check(later), "once per period");
+        f.pull_back(at(2, 2));
+        assert!(f.position() < at(2, 2));
+        f.reset();
         assert_eq!(f.position(), Position::START);
     }
 }

@@ -199,7 +199,7 @@ impl Relay {
             streams: streams::Streams::default(),
             counters: stats::Counters::default(),
             sharing: lanes::Sharing::default(),
-            floor: tokio::sync::Mutex::new(floor::Floor::new(config.floor_reset())),
+            floor: tokio::sync::Mutex::new(floor::Floor::new(config.floor_check())),
             config,
         })
     }

@@ -76,6 +76,14 @@ impl Position {
         id: Uuid::nil(),
     };
 
+    /// A position just before this one: every row at its instant comes after it.
+    pub(super) fn before(self) -> Position {
+        Position {
+            at: self.at,
+            id: Uuid::nil(),
+        }
+    }
+
     /// The instant as the statements bind it (`$n::timestamptz`).
     pub(super) fn at_text(&self) -> String {
         self.at.to_string()

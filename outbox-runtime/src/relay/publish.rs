@@ -307,8 +307,7 @@ impl<'a> Run<'a> {
             .await
             .unwrap_or(Capture::Unknown);
         if capture == Capture::Nothing {
-            let reason = format!("no stream captures `{event_type}`: create one (`outbox stream ensure`), then release the row (`outbox unblock`)");
-            return Next::Held(Hold::new(HoldCause::NoStream, reason));
+            return Next::Held(no_stream(event_type));
         }
         let time_left = self.deadline.saturating_duration_since(Instant::now());
         if self.retries[i] < ELECTION_RETRIES && time_left > ELECTION_RETRY_DELAY {
@@ -377,6 +376,14 @@ impl<'a> Run<'a> {
             }
         }
     }
+}
+
+/// A row of `event_type`, which no stream captures.
+fn no_stream(event_type: &str) -> Hold {
+    let reason = format!(
+        "no stream captures `{event_type}`: create one (`outbox stream ensure`), then release the row (`outbox unblock`)"
+    );
+    Hold::new(HoldCause::NoStream, reason)
 }
 
 /// The JetStream API error code behind a publish error, if there is one.

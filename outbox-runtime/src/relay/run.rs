@@ -94,10 +94,10 @@ impl Relay {
     async fn run_lane(&self, lane: Lane, signals: &Signals, mut stop: watch::Receiver<bool>) {
         let mut wake = signals.commits.subscribe();
         let mut releases = signals.releases.subscribe();
-        let reset_every = self.config.floor_reset();
+        let check_every = self.config.floor_check();
         let mut floors = Floors {
-            own: Floor::new(reset_every),
-            all: Floor::new(reset_every),
+            own: Floor::new(check_every),
+            all: Floor::new(check_every),
         };
         let mut state = LaneState::default();
         loop {
@@ -117,8 +117,9 @@ impl Relay {
             }
             if releases.has_changed().unwrap_or(false) {
                 releases.borrow_and_update();
-                floors.own.reset(Instant::now());
-                floors.all.reset(Instant::now());
+                self.streams.forget_uncaptured();
+                floors.own.reset();
+                floors.all.reset();
             }
             // Commits announced before this claim are covered by it: only later ones count.
             wake.borrow_and_update();

@@ -62,12 +62,15 @@ macro_rules! columns {
 }
 
 /// The heads of the subjects whose retry is due, in the lane (`$2`-`$4`), with their
-/// partition's advisory lock (`$5`); `$1` limits them. The schedule names each head by id.
+/// partition's advisory lock (`$5`); `$1` limits them. The schedule names each head by id: the
+/// due ids come first (the schedule's index on `retry_at`), then each head by primary key,
+/// whatever the planner thinks of the schedule's size.
 pub(super) const CLAIM_DUE: &str = concat!(
     "select ",
     columns!(),
     "  from outbox_events o",
-    " where o.id in (select r.event_id from outbox_retries r where r.retry_at <= now())",
+    " where o.id = any(array(select r.event_id from outbox_retries r",
+    "                         where r.retry_at <= now() order by r.retry_at limit $1 * 4))",
     "   and o.published_at is null",
     "   and case when ",
     partition!("$2"),
@@ -163,34 +166,41 @@ pub(super) const WAITING: &str = concat!(
     " limit 1"
 );
 
-/// Where the lane's floor (`$4`, `$5`) may move: the last of the lane's rows before its first
-/// claimable one (neither parked nor paused, `$6`), emitted at least a second before this
-/// statement. Both scans are ranges of the unpublished index, read once each (docs/relay.md,
+/// Where the lane's floor (`$4`, `$5`) may move: its first claimable row after the floor
+/// (neither parked nor paused, `$6`), if any, and the instant a second before this statement
+/// (the floor stays behind both). One range of the unpublished index, read once (docs/relay.md,
 /// *Parked subjects*). `$1`-`$3`: the lane.
 pub(super) const ADVANCE: &str = concat!(
-    "with first as (select o.created_at, o.id from outbox_events o",
-    "                where o.published_at is null and ",
+    "select f.created_at, f.id, statement_timestamp() - interval '1 second' as settled",
+    "  from (select 1) as one",
+    "  left join lateral (",
+    "       select o.created_at, o.id from outbox_events o",
+    "        where o.published_at is null and ",
     after_floor!("$4", "$5"),
-    "                  and ",
+    "          and ",
     partition!("$1"),
     " % $2 = $3",
-    "                  and (not ",
+    "          and not ",
     parked!(),
-    " and o.subject not in (select unnest($6::text[])))",
-    "                order by o.created_at, o.id limit 1)",
+    "          and o.subject not in (select unnest($6::text[]))",
+    "        order by o.created_at, o.id limit 1) as f on true"
+);
+
+/// The lane's first claimable row at or before its floor (`$4`, `$5`), if one appeared there
+/// (a row inserted by hand with an old `created_at`): the floor moves back before it.
+/// `$1`-`$3`: the lane; `$6`: paused subjects.
+pub(super) const BELOW_FLOOR: &str = concat!(
     "select o.created_at, o.id",
     "  from outbox_events o",
     " where o.published_at is null",
-    "   and ",
-    after_floor!("$4", "$5"),
+    "   and o.created_at <= $4::timestamptz and (o.created_at, o.id) <= ($4::timestamptz, $5)",
     "   and ",
     partition!("$1"),
     " % $2 = $3",
-    "   and o.created_at < statement_timestamp() - interval '1 second'",
-    "   and o.created_at <= coalesce((select f.created_at from first f), 'infinity')",
-    "   and (not exists (select 1 from first)",
-    "        or (o.created_at, o.id) < (select f.created_at, f.id from first f))",
-    " order by o.created_at desc, o.id desc",
+    "   and not ",
+    parked!(),
+    "   and o.subject not in (select unnest($6::text[]))",
+    " order by o.created_at, o.id",
     " limit 1"
 );
 

@@ -11,8 +11,12 @@ use async_nats::jetstream;
 use async_nats::jetstream::context::GetStreamByNameErrorKind;
 use tokio::time::Instant;
 
-/// How long a lookup is trusted.
+/// How long a lookup that found the type's stream is trusted (its duplicate window is checked
+/// again after it).
 const FRESH_FOR: Duration = Duration::from_secs(300);
+/// How long "no stream captures it" is trusted: rows of the type are held without another try
+/// meanwhile, so a stream created for it is noticed within seconds.
+const NOTHING_FRESH_FOR: Duration = Duration::from_secs(10);
 /// How long a failed lookup (the API did not answer) is remembered: the next publish of the
 /// type asks again.
 const RETRY_LOOKUP_AFTER: Duration = Duration::from_secs(5);
@@ -68,6 +72,13 @@ impl Streams {
             .map(|e| e.capture.clone())
     }
 
+    /// Forgets every "no stream captures it": held rows were released, perhaps because the
+    /// stream now exists.
+    pub(super) fn forget_uncaptured(&self) {
+        let mut map = self.by_type.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, e| e.capture != Capture::Nothing);
+    }
+
     /// Whether a lookup of `event_type` is due (never made, or stale).
     pub(super) fn is_stale(&self, event_type: &str) -> bool {
         self.fresh(event_type, Instant::now()).is_none()
@@ -92,7 +103,7 @@ impl Streams {
                 (Capture::Stream { name }, FRESH_FOR)
             }
             Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
-                (Capture::Nothing, FRESH_FOR)
+                (Capture::Nothing, NOTHING_FRESH_FOR)
             }
             Err(e) => {
                 tracing::debug!(event_type, error = %e, "outbox relay could not look up the stream of an event type");

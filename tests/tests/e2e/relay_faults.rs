@@ -549,7 +549,8 @@ async fn eight_relays_of_two_lanes_stay_inside_the_default_lock_table_beside_an_
             "the relays did not drain the backlog"
         );
         let locks: i64 = sqlx::query_scalar(
-            "select count(*) from pg_locks where locktype = 'advisory' and classid = $1::oid and granted",
+            "select count(*) from pg_locks where locktype = 'advisory' and classid = $1::oid and granted \
+               and database = (select oid from pg_database where datname = current_database())",
         )
         .bind(LOCK_NAMESPACE as i64)
         .fetch_one(ctx.pool())
@@ -581,5 +582,105 @@ async fn eight_relays_of_two_lanes_stay_inside_the_default_lock_table_beside_an_
         expected,
         "every event once, each subject in order"
     );
+    ctx.delete_stream().await;
+}
+
+/// `(idx_scan, idx_tup_read)` of the unpublished index: how many range scans the relay's
+/// statements made of it, and how many entries they read.
+async fn unpublished_index_reads(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "select idx_scan, idx_tup_read from pg_stat_user_indexes \
+          where indexrelname = 'outbox_events_unpublished_idx'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("the index's statistics")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_thousand_held_subjects_cost_a_steady_stream_nothing() {
+    const FAILING: i64 = 50_000;
+    const STEADY: Duration = Duration::from_secs(60);
+    // Postgres flushes a backend's statistics at most every second, an idle one's after 10 s
+    const STATS_FLUSH: Duration = Duration::from_secs(11);
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let nowhere = format!("{}.acme.order.created", unique_token()); // no stream captures it
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+         select gen_random_uuid(), $1, 'billing', 'failing-' || g, now(), '{}'::jsonb, \
+                now() - interval '1 minute' + g * interval '1 microsecond' \
+           from generate_series(1, $2) g",
+    )
+    .bind(&nowhere)
+    .bind(FAILING)
+    .execute(ctx.pool())
+    .await
+    .unwrap();
+    let relay = relay(&ctx, RelayConfig::default()).await;
+    let (stop, running) = run_relay(relay.clone());
+    eventually(
+        Duration::from_secs(120),
+        "every failing subject held",
+        || async {
+            outbox_runtime::status::status(ctx.pool(), 20)
+                .await
+                .unwrap()
+                .held_total
+                == FAILING
+        },
+    )
+    .await;
+    tokio::time::sleep(STATS_FLUSH).await;
+    let before = unpublished_index_reads(ctx.pool()).await;
+
+    // A steady 200 events a second of a healthy type, for a minute.
+    let healthy = ctx.event_type("steady.row.changed");
+    let schemas = open_schemas(std::slice::from_ref(&healthy));
+    let started = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    let mut n = 0i64;
+    while started.elapsed() < STEADY {
+        tick.tick().await;
+        emit_committed(
+            ctx.pool(),
+            &schemas,
+            raw_event(&healthy, "billing", format!("h-{}", n % 100)).numbered(n),
+        )
+        .await;
+        n += 1;
+    }
+    eventually(
+        Duration::from_secs(10),
+        "every healthy event published",
+        || async { ctx.db.unpublished().await == FAILING },
+    )
+    .await;
+    tokio::time::sleep(STATS_FLUSH).await;
+    let after = unpublished_index_reads(ctx.pool()).await;
+    let (scans, read) = (after.0 - before.0, after.1 - before.1);
+    let lag_ms: Vec<f64> = sqlx::query_scalar(
+        "select percentile_cont(array[0.5, 0.99]) within group \
+                (order by extract(epoch from published_at - created_at) * 1000) \
+           from outbox_events where event_type = $1 and created_at > $2::timestamptz",
+    )
+    .bind(&healthy)
+    .bind(chrono::Utc::now() - chrono::Duration::from_std(STEADY / 2 + STATS_FLUSH * 2).unwrap())
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap();
+    eprintln!(
+        "{n} healthy events beside {FAILING} held subjects: {scans} scans of the unpublished index read {read} entries ({:.1} per scan); emit-to-publish over the second half p50 {:.1} ms, p99 {:.1} ms",
+        read as f64 / scans.max(1) as f64,
+        lag_ms[0],
+        lag_ms[1]
+    );
+    assert!(scans > 0, "the relay scanned the index");
+    assert!(
+        read / scans.max(1) < 1_000,
+        "the relay's statements read the held rows again: {read} entries in {scans} scans, with {FAILING} held rows"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap();
     ctx.delete_stream().await;
 }
