@@ -45,7 +45,8 @@ pub fn check_subject(event_type: &str) -> Result<(), String> {
         let what = match c {
             '*' | '>' => format!("`{c}` is a NATS wildcard"),
             '$' => "`$` is reserved for NATS system subjects".to_owned(),
-            _ => "whitespace and control characters are not allowed".to_owned(),
+            c if c.is_whitespace() => "whitespace is not allowed".to_owned(),
+            _ => "control characters are not allowed".to_owned(),
         };
         return Err(format!(
             "{what}; an event type names exactly one subject, like `billing.subscription.created`"
