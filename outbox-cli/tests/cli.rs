@@ -125,15 +125,7 @@ fn with_password(url: &str, user: &str, password: &str) -> String {
 
 /// The URL of the test's database, with a password.
 fn db_url(db: &TestDb) -> String {
-    let base = outbox_testkit::database_url();
-    let (scheme, rest) = base.split_once("://").expect("DATABASE_URL has a scheme");
-    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    let query = tail.find('?').map_or("", |i| &tail[i..]);
-    with_password(
-        &format!("{scheme}://{authority}/{}{query}", db.name),
-        "root",
-        DB_PASSWORD,
-    )
+    with_password(&db.url(), "root", DB_PASSWORD)
 }
 
 /// The shared NATS server's URL, with a user and password.

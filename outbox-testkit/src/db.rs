@@ -23,6 +23,7 @@ pub struct TestDb {
     /// Connection options of the test database.
     pub options: PgConnectOptions,
     admin: PgConnectOptions,
+    server: String,
 }
 
 /// How to create a [`TestDb`]: on which server, under which name, migrated or not, with how
@@ -65,6 +66,12 @@ impl TestDb {
             .connect_with(self.options.clone())
             .await
             .expect("connect to the test database")
+    }
+
+    /// The URL of the test database: the server's URL with the database name in its path (and
+    /// its query, such as `sslmode`, kept), for code that connects by URL.
+    pub fn url(&self) -> String {
+        with_database(&self.server, &self.name)
     }
 
     /// Number of rows in `outbox_events` still unpublished.
@@ -130,6 +137,7 @@ impl TestDbBuilder {
             name,
             options,
             admin,
+            server: url,
         };
         if self.migrate {
             outbox_runtime::migrate(&db.pool)
@@ -160,6 +168,21 @@ impl Drop for TestDb {
         })
         .join();
     }
+}
+
+/// `url` with its path (the database name) replaced by `/<name>`.
+fn with_database(url: &str, name: &str) -> String {
+    let (head, query) = url.split_once('?').map_or((url, ""), |(h, q)| (h, q));
+    let authority = head.find("://").map_or(0, |i| i + 3);
+    let base = head[authority..]
+        .find('/')
+        .map_or(head, |i| &head[..authority + i]);
+    let query = if query.is_empty() {
+        String::new()
+    } else {
+        format!("?{query}")
+    };
+    format!("{base}/{name}{query}")
 }
 
 /// A private Postgres cluster (`initdb` + `pg_ctl` from `/usr/lib/postgresql/*/bin`) on a free
@@ -287,5 +310,31 @@ impl Drop for PgServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn the_database_name_replaces_the_urls_path_and_keeps_its_query() {
+        for (url, expected) in [
+            (
+                "postgres://root@127.0.0.1/test",
+                "postgres://root@127.0.0.1/t1",
+            ),
+            ("postgres://root@127.0.0.1", "postgres://root@127.0.0.1/t1"),
+            (
+                "postgres://u:p@db:5433/test?sslmode=require",
+                "postgres://u:p@db:5433/t1?sslmode=require",
+            ),
+            (
+                "postgres://db?sslmode=disable",
+                "postgres://db/t1?sslmode=disable",
+            ),
+        ] {
+            assert_eq!(with_database(url, "t1"), expected, "{url}");
+        }
     }
 }

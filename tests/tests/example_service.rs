@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outbox_testkit::{connect_nats, database_url, eventually, read_stream, NatsServer, TestDb};
+use outbox_testkit::{connect_nats, eventually, read_stream, NatsServer, TestDb};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -18,26 +18,11 @@ struct Service {
     http: reqwest::Client,
 }
 
-/// `DATABASE_URL` pointing at database `name` instead.
-fn url_of(name: &str) -> String {
-    let url = database_url();
-    let (head, query) = match url.split_once('?') {
-        Some((h, q)) => (h.to_owned(), format!("?{q}")),
-        None => (url.clone(), String::new()),
-    };
-    let scheme_end = head.find("://").map_or(0, |i| i + 3);
-    let base = match head[scheme_end..].find('/') {
-        Some(i) => &head[..scheme_end + i],
-        None => &head,
-    };
-    format!("{base}/{name}{query}")
-}
-
 async fn start() -> Service {
     let db = TestDb::empty().await;
     let nats = NatsServer::spawn().await;
     let mut config = subscriptions::Config::from_env().expect("config");
-    config.database_url = url_of(&db.name);
+    config.database_url = db.url();
     config.nats_url = nats.url();
     config.bind = "127.0.0.1:0".parse().expect("addr");
     let running = subscriptions::start(config)

@@ -421,11 +421,7 @@ async fn an_unworkable_configuration_is_refused() {
         assert!(matches!(err, Error::Config(_)), "{err:?}");
     }
     // a pool too small for the lanes and the listener would wait forever for a connection
-    let small = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(ctx.db.options.clone())
-        .await
-        .unwrap();
+    let small = ctx.db.new_pool(2).await;
     let err = Relay::new(
         small,
         ctx.js.clone(),

@@ -112,11 +112,7 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
     let mut relays = Vec::new();
     for _ in 0..RELAYS {
         // a pool per relay, as in separate processes
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(config.pool_size())
-            .connect_with(ctx.db.options.clone())
-            .await
-            .unwrap();
+        let pool = ctx.db.new_pool(config.pool_size()).await;
         let relay = Arc::new(
             Relay::new(pool, ctx.js.clone(), config.clone())
                 .await
