@@ -152,6 +152,7 @@
 //! derive uses them).
 mod config;
 mod decorate;
+pub mod evolution;
 mod output;
 mod pattern;
 mod typify_driver;
@@ -164,7 +165,7 @@ pub mod schema {
     pub use outbox_schema::{load_dir, load_event, schema_files, EventSchema};
 }
 
-pub use config::{check, compile, Config};
+pub use config::{check, compile, Checked, Config, Locked, LockedStatus};
 pub use error::{Error, Result};
 pub use output::DEFAULT_OUT_FILE;
 pub use schema::{load_dir, load_event, EventSchema};
