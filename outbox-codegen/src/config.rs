@@ -549,6 +549,7 @@ pub struct Locked {
 
 /// How an event type went into the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LockedStatus {
     /// It was not in the lock.
     New,

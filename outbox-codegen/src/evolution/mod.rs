@@ -186,6 +186,7 @@ pub enum ModeSource {
 
 /// How an event type stands against the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// Not in the lock (or no lock): nothing to compare, it passes.
     New,

@@ -25,7 +25,7 @@ pub(crate) fn errors(report: &Report, dir: &Path) -> Vec<Error> {
 fn incompatible(report: &Report, t: &TypeReport, breaking: &[&Change], dir: &Path) -> Error {
     let lock = report.lock_file.display();
     let mode = match t.mode_source {
-        ModeSource::Config => format!("mode `{}`, set by the build", t.mode),
+        ModeSource::Config => format!("mode `{}`, configured", t.mode),
         ModeSource::Lock => format!("mode `{}`, from {lock}", t.mode),
         ModeSource::Default => format!("mode `{}`, the default", t.mode),
     };
