@@ -11,7 +11,7 @@
 //! struct is not reported: code that reads the event still compiles, and the producer's own
 //! struct literals are compile errors in the producer, as ever.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::Value;
 use typify::{TypeDetails, TypeEnumVariant, TypeId, TypeSpace};
@@ -57,6 +57,18 @@ pub(crate) enum Shape {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RustTypes {
     defs: BTreeMap<String, Def>,
+    /// The names by their letters and digits in lowercase (see [`squash`]), to find the type
+    /// of a definition (`$defs/money_amount` is `MoneyAmount`).
+    squashed: HashMap<String, Vec<String>>,
+}
+
+/// The letters and digits of a name, lowercase: `money_amount`, `MoneyAmount` and
+/// `moneyAmount` are all `moneyamount`.
+fn squash(name: &str) -> String {
+    name.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect()
 }
 
 impl RustTypes {
@@ -94,7 +106,11 @@ impl RustTypes {
             };
             defs.insert(t.name(), def);
         }
-        RustTypes { defs }
+        let mut squashed: HashMap<String, Vec<String>> = HashMap::new();
+        for name in defs.keys() {
+            squashed.entry(squash(name)).or_default().push(name.clone());
+        }
+        RustTypes { defs, squashed }
     }
 }
 
@@ -317,12 +333,6 @@ fn property_of<'a>(
     at: &str,
     field: &str,
 ) -> Option<(&'a Value, String)> {
-    let squash = |s: &str| -> String {
-        s.chars()
-            .filter(char::is_ascii_alphanumeric)
-            .map(|c| c.to_ascii_lowercase())
-            .collect()
-    };
     if let Some(props) = node.get("properties").and_then(Value::as_object) {
         let found = props
             .get_key_value(field)
@@ -550,50 +560,33 @@ impl<'a> Walk<'_, 'a> {
     /// Definitions whose types no longer exist (and were not renamed). Inline types that
     /// disappear are not listed: the field that held them says it.
     fn removed_types(&mut self) {
-        let squash = |s: &str| -> String {
-            s.chars()
-                .filter(char::is_ascii_alphanumeric)
-                .map(|c| c.to_ascii_lowercase())
-                .collect()
-        };
-        let defs: Vec<&String> = ["$defs", "definitions"]
-            .iter()
-            .filter_map(|k| self.sides.old_schema.get(*k).and_then(Value::as_object))
-            .flat_map(|m| m.keys())
-            .collect();
-        let owned: Vec<&String> = self
-            .sides
-            .old_types
-            .defs
-            .keys()
-            .filter(|name| defs.iter().any(|d| squash(d) == squash(name)))
-            .collect();
-        for name in owned {
-            let name = name.clone();
-            if self.sides.new_types.defs.contains_key(&name)
-                || self.renames.iter().any(|(o, _)| *o == name)
-            {
+        for keyword in ["$defs", "definitions"] {
+            let Some(defs) = self
+                .sides
+                .old_schema
+                .get(keyword)
+                .and_then(Value::as_object)
+            else {
                 continue;
+            };
+            for def in defs.keys() {
+                let Some(names) = self.sides.old_types.squashed.get(&squash(def)) else {
+                    continue;
+                };
+                for name in names {
+                    if self.sides.new_types.defs.contains_key(name)
+                        || self.renames.iter().any(|(o, _)| o == name)
+                    {
+                        continue;
+                    }
+                    let token = outbox_schema::pointer::escape_token(def);
+                    self.push(
+                        Rule::RustTypeRemoved,
+                        format!("/{keyword}/{token}"),
+                        format!("the Rust type `{name}` is gone"),
+                    );
+                }
             }
-            let pointer = ["$defs", "definitions"]
-                .iter()
-                .find_map(|k| {
-                    self.sides
-                        .old_schema
-                        .get(*k)
-                        .and_then(Value::as_object)
-                        .and_then(|m| {
-                            m.keys().find(|d| squash(d) == squash(&name)).map(|d| {
-                                format!("/{k}/{}", outbox_schema::pointer::escape_token(d))
-                            })
-                        })
-                })
-                .unwrap_or_default();
-            self.push(
-                Rule::RustTypeRemoved,
-                pointer,
-                format!("the Rust type `{name}` is gone"),
-            );
         }
     }
 }
