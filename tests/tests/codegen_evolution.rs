@@ -9,7 +9,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use outbox_codegen::evolution::{Level, Mode};
+use outbox_codegen::evolution::{Level, Mode, Rule};
 use outbox_codegen::{Config, Error, LockedStatus};
 use serde_json::Value;
 
@@ -269,4 +269,18 @@ fn modes_come_from_the_build_then_the_lock() {
     assert!(fs::read_to_string(c.lock())
         .unwrap()
         .contains("\"mode\": \"backward\""));
+}
+
+#[test]
+fn every_rule_is_in_the_documentation_table() {
+    let doc = fs::read_to_string(repo().join("docs/schema-evolution.md")).unwrap();
+    let missing: Vec<&str> = Rule::ALL
+        .iter()
+        .map(|r| r.id())
+        .filter(|id| !doc.contains(&format!("| `{id}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/schema-evolution.md has no row for {missing:?}"
+    );
 }
