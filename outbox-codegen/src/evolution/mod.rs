@@ -399,7 +399,7 @@ pub(crate) fn needs_rust<'e>(
         .filter(|event| {
             lock.events
                 .get(&event.event_type)
-                .is_some_and(|entry| without_docs(&entry.schema) != without_docs(&event.resolved))
+                .is_some_and(|entry| !same_but_docs(&entry.schema, &event.resolved))
         })
         .collect()
 }
@@ -452,40 +452,53 @@ pub(crate) fn add_rust(
     }
 }
 
-/// A schema without the keywords that only become documentation, at every schema position.
-fn without_docs(schema: &Value) -> Value {
-    match schema {
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "description" | "$comment" | "examples"))
-                .map(|(k, v)| {
-                    let v = if matches!(k.as_str(), "enum" | "const" | "default") {
-                        v.clone()
-                    } else if matches!(
-                        k.as_str(),
-                        "properties"
-                            | "patternProperties"
-                            | "$defs"
-                            | "definitions"
-                            | "dependentSchemas"
-                    ) {
-                        match v {
-                            Value::Object(m) => Value::Object(
-                                m.iter()
-                                    .map(|(name, s)| (name.clone(), without_docs(s)))
-                                    .collect(),
-                            ),
-                            other => other.clone(),
+/// Whether two schemas are equal but for the keywords that only become documentation
+/// (`description`, `$comment`, `examples`), at every schema position; without copying them.
+fn same_but_docs(a: &Value, b: &Value) -> bool {
+    fn is_doc(key: &str) -> bool {
+        matches!(key, "description" | "$comment" | "examples")
+    }
+    /// Keywords whose value is data: compared as they are.
+    fn is_data(key: &str) -> bool {
+        matches!(key, "enum" | "const" | "default")
+    }
+    /// Keywords whose value maps names to schemas (a name may be `description`).
+    fn is_schema_map(key: &str) -> bool {
+        matches!(
+            key,
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas"
+        )
+    }
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            let count =
+                |m: &serde_json::Map<String, Value>| m.keys().filter(|k| !is_doc(k)).count();
+            count(a) == count(b)
+                && a.iter().filter(|(k, _)| !is_doc(k)).all(|(k, va)| {
+                    let Some(vb) = b.get(k) else {
+                        return false;
+                    };
+                    if is_data(k) {
+                        va == vb
+                    } else if is_schema_map(k) {
+                        match (va, vb) {
+                            (Value::Object(ma), Value::Object(mb)) => {
+                                ma.len() == mb.len()
+                                    && ma.iter().all(|(name, sa)| {
+                                        mb.get(name).is_some_and(|sb| same_but_docs(sa, sb))
+                                    })
+                            }
+                            _ => va == vb,
                         }
                     } else {
-                        without_docs(v)
-                    };
-                    (k.clone(), v)
+                        same_but_docs(va, vb)
+                    }
                 })
-                .collect(),
-        ),
-        Value::Array(items) => Value::Array(items.iter().map(without_docs).collect()),
-        other => other.clone(),
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same_but_docs(x, y))
+        }
+        _ => a == b,
     }
 }
 

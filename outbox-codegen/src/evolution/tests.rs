@@ -1170,3 +1170,19 @@ fn the_table_covers_every_rule() {
     );
     assert!(cases().len() >= 60, "{} cases", cases().len());
 }
+
+#[test]
+fn documentation_does_not_need_the_rust_level() {
+    let a = json!({ "description": "a", "properties": { "description": { "type": "string", "examples": ["x"] } } });
+    let docs = json!({ "description": "b", "properties": { "description": { "type": "string" } } });
+    assert!(same_but_docs(&a, &docs), "only documentation differs");
+    // A property named `description` is a property, and `enum` values are data.
+    let renamed = json!({ "description": "a", "properties": { "summary": { "type": "string" } } });
+    assert!(!same_but_docs(&a, &renamed));
+    let data = |v: &str| json!({ "enum": [{ "description": v }] });
+    assert!(!same_but_docs(&data("x"), &data("y")));
+    assert!(
+        !same_but_docs(&json!({ "title": "A" }), &json!({ "title": "B" })),
+        "a title names a type"
+    );
+}
