@@ -385,21 +385,51 @@ impl Config {
         let mut report =
             evolution::compare_wire(&events, lock.as_ref(), &lock_file, &self.evolution);
         let rust_checked = evolution::needs_rust(&report, &events, lock.as_ref());
-        let rendered = self.render(
-            &events,
-            &source.expect("no errors"),
-            !rust_checked.is_empty(),
-        );
+        // The released schemas' types are generated on a second thread while this one
+        // generates the folder's code: neither needs the other.
+        let released: Vec<(&EventSchema, EventSchema)> =
+            lock.as_ref().map_or_else(Vec::new, |lock| {
+                rust_checked
+                    .iter()
+                    .filter_map(|e| evolution::released(e, lock).map(|r| (*e, r)))
+                    .collect()
+            });
+        let (rendered, old_types) = std::thread::scope(|scope| {
+            let old_types = (!released.is_empty()).then(|| {
+                scope.spawn(|| {
+                    let olds: Vec<EventSchema> = released.iter().map(|(_, r)| r.clone()).collect();
+                    typify_driver::rust_types(&olds)
+                })
+            });
+            let rendered = self.render(&events, &source.expect("no errors"), !released.is_empty());
+            let old_types = old_types.map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|_| Err("the type generator panicked".to_owned()))
+            });
+            (rendered, old_types)
+        });
         let mut errors = Vec::new();
         let code = match rendered {
-            Ok((code, Some(new_types))) => {
-                let lock = lock.as_ref().expect("types to check come from the lock");
-                if let Err(e) = self.check_rust(&mut report, &rust_checked, lock, &new_types) {
-                    errors.push(e);
+            Ok((code, new_types)) => {
+                if let (Some(new_types), Some(old_types)) = (new_types, old_types) {
+                    match old_types {
+                        Ok(old_types) => {
+                            for (event, old) in &released {
+                                evolution::add_rust(
+                                    &mut report,
+                                    event,
+                                    old,
+                                    &old_types,
+                                    &new_types,
+                                );
+                            }
+                        }
+                        Err(why) => errors.push(self.unreleasable(&report, &released, &why)),
+                    }
                 }
                 Some(code)
             }
-            Ok((code, None)) => Some(code),
             Err(e) => {
                 errors.push(e);
                 None
@@ -419,35 +449,26 @@ impl Config {
         generated
     }
 
-    /// The gate's rust level for the changed types `events`: their released schemas are
-    /// generated (without code) and compared with the new types.
-    fn check_rust(
+    /// The error when the released schemas of `released` no longer go through the type
+    /// generator: the rust level cannot be checked.
+    fn unreleasable(
         &self,
-        report: &mut Report,
-        events: &[&EventSchema],
-        lock: &Lock,
-        new_types: &evolution::rust::RustTypes,
-    ) -> Result<()> {
-        let released: Vec<(&EventSchema, EventSchema)> = events
+        report: &Report,
+        released: &[(&EventSchema, EventSchema)],
+        why: &str,
+    ) -> Error {
+        let types: Vec<&str> = released
             .iter()
-            .filter_map(|e| evolution::released(e, lock).map(|r| (*e, r)))
+            .map(|(e, _)| e.event_type.as_str())
             .collect();
-        let olds: Vec<EventSchema> = released.iter().map(|(_, r)| r.clone()).collect();
-        let old_types = typify_driver::rust_types(&olds).map_err(|why| {
-            let types: Vec<&str> = olds.iter().map(|e| e.event_type.as_str()).collect();
-            Error::schema(
-                &report.lock_file,
-                format!("/events/{}/schema", escape_token(types[0])),
-                format!(
-                    "the released schema of {} cannot be generated any more ({why}), so the rust level cannot be checked; lock the folder again with `outbox lock`, or check only the wire level (`.compatibility_level(Level::Wire)`)",
-                    types.join(", ")
-                ),
-            )
-        })?;
-        for (event, old) in &released {
-            evolution::add_rust(report, event, old, &old_types, new_types);
-        }
-        Ok(())
+        Error::schema(
+            &report.lock_file,
+            format!("/events/{}/schema", escape_token(types[0])),
+            format!(
+                "the released schema of {} cannot be generated any more ({why}), so the rust level cannot be checked; lock the folder again with `outbox lock`, or check only the wire level (`.compatibility_level(Level::Wire)`)",
+                types.join(", ")
+            ),
+        )
     }
 
     /// One error for every `.consumes` pattern that is not a valid pattern.

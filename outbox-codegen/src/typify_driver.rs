@@ -2,9 +2,10 @@
 //! into [`Error::Schema`] at the definition or property it failed on, never a panic of the build
 //! script.
 
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::sync::Once;
 
 use outbox_schema::pointer::escape_token;
 use serde_json::{Map, Value};
@@ -50,16 +51,33 @@ fn settings() -> TypeSpaceSettings {
     settings
 }
 
-/// Serializes panic-hook swaps: the hook is process-global.
-static PANIC_HOOK: Mutex<()> = Mutex::new(());
+thread_local! {
+    /// Whether this thread is inside [`quietly`].
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Installs, once, a panic hook that says nothing for threads inside [`quietly`] and passes
+/// every other panic to the hook that was there before. Swapping the process-wide hook around
+/// each call would make concurrent calls (the gate generates the released schemas' types
+/// while the build renders its own) wait for each other.
+fn install_quiet_hook() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+}
 
 /// Runs `f`, turning a panic into its message, without printing the panic.
 fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    let _guard = PANIC_HOOK.lock().unwrap_or_else(|e| e.into_inner());
-    let previous = panic::take_hook();
-    panic::set_hook(Box::new(|_| {}));
+    install_quiet_hook();
+    let was = QUIET.with(|q| q.replace(true));
     let result = panic::catch_unwind(AssertUnwindSafe(f));
-    panic::set_hook(previous);
+    QUIET.with(|q| q.set(was));
     result.map_err(|payload| {
         payload
             .downcast_ref::<&str>()
@@ -273,6 +291,20 @@ mod tests {
             brief("if/then/else schemas are not supported: {\n"),
             "if/then/else schemas are not supported"
         );
+    }
+
+    #[test]
+    fn quietly_works_on_several_threads_at_once() {
+        let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|i| scope.spawn(move || quietly(|| -> () { panic!("thread {i}") })))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, result) in results.into_iter().enumerate() {
+            assert_eq!(result, Err(format!("thread {i}")));
+        }
+        assert!(!QUIET.with(Cell::get), "the flag is reset after each call");
     }
 
     #[test]
