@@ -1,46 +1,107 @@
-//! `codegen`: the build-script step for 200 generated event schemas.
+//! `codegen`: the build-script step for 200 generated event schemas, and what the schema
+//! evolution gate adds to it.
 //!
 //! Writes 200 schemas (enums, formats, a pattern, an optional nested object, a `$ref` to a
 //! shared definition file) into a temporary folder, then runs the step a build script runs
-//! (load and check every schema, resolve references, typify, decorate, pretty-print, write
-//! `outbox_events.rs`) several times and prints the median. Last line: `codegen_200_ms=<x>`.
+//! (load and check every schema, resolve references, compare with the lock, typify, decorate,
+//! pretty-print, write `outbox_events.rs`) in three states of the lock, alternating run by run:
+//!
+//! - no lock file: the gate has nothing to compare (the baseline);
+//! - locked, unchanged: what most builds see (the lock is read and every schema found equal);
+//! - locked, every schema changed compatibly (an optional property added to each, the types
+//!   locked under `backward`): every schema is walked and, for the rust level, its released
+//!   version is run through typify too. The worst a build sees.
+//!
+//! What the gate adds is the median of the differences between a run and the baseline run
+//! next to it. Last lines: `gate_unchanged_ms=<x>`, `gate_all_changed_ms=<x>`, then
+//! `codegen_200_ms=<x>` (the step with an unchanged lock).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use outbox_codegen::evolution::{Mode, Status};
+use outbox_codegen::Config;
+
 const SCHEMAS: usize = 200;
-const RUNS: usize = 7;
+const RUNS: usize = 11;
 
 /// Runs the benchmark and prints its figures.
 pub fn run() {
+    println!("command: cargo run -p outbox-bench --release -- codegen");
     let dir = scratch_dir();
-    let schemas = dir.join("schemas");
-    write_schemas(&schemas);
-    let out = dir.join("out");
+    let unchanged = dir.join("unchanged/schemas");
+    let changed = dir.join("changed/schemas");
+    write_schemas(&unchanged, false);
+    write_schemas(&changed, false);
 
-    let mut config = outbox_codegen::Config::new();
+    let mut config = Config::new();
     config.source("bench").consumes(["domain3.>"]);
-    let mut times: Vec<Duration> = Vec::with_capacity(RUNS);
-    let mut bytes = 0;
-    for run in 0..RUNS {
-        let started = Instant::now();
-        let code = config
-            .generate(&schemas)
-            .unwrap_or_else(|e| panic!("generation failed:\n{e}"));
-        write_if_changed(&out.join(outbox_codegen::DEFAULT_OUT_FILE), &code);
-        let took = started.elapsed();
-        bytes = code.len();
-        println!("run {run}: {:.1} ms", ms(took));
-        times.push(took);
+    let mut backward = config.clone();
+    backward.compatibility(Mode::Backward);
+    for folder in [&unchanged, &changed] {
+        backward
+            .write_lock(folder, &[])
+            .unwrap_or_else(|e| panic!("locking failed:\n{e}"));
     }
-    times.sort();
-    let median = times[RUNS / 2];
+    write_schemas(&changed, true);
+    let report = config
+        .evolution(&changed)
+        .expect("the changed schemas load");
+    assert!(
+        report.passes(),
+        "an optional property added passes under backward"
+    );
+    let n = report
+        .types
+        .iter()
+        .filter(|t| t.status == Status::Changed)
+        .count();
+    assert_eq!(n, SCHEMAS);
+    let mut without_lock = config.clone();
+    without_lock.lock_file(dir.join("no.lock"));
+
+    // Each state of the lock against the same folder without one, run next to it.
+    let scenarios: [(&str, &Config, &Path); 4] = [
+        ("unchanged schemas, no lock file", &without_lock, &unchanged),
+        ("unchanged schemas, locked", &config, &unchanged),
+        ("changed schemas, no lock file", &without_lock, &changed),
+        ("changed schemas, locked", &config, &changed),
+    ];
+    let mut times: [Vec<Duration>; 4] = Default::default();
+    let mut bytes = [0; 4];
+    for _ in 0..RUNS {
+        for (i, (_, config, schemas)) in scenarios.iter().enumerate() {
+            let out = schemas.with_file_name("out");
+            let (took, len) = step(config, schemas, &out);
+            times[i].push(took);
+            bytes[i] = len;
+        }
+    }
+    for (i, (label, _, _)) in scenarios.iter().enumerate() {
+        let mut sorted = times[i].clone();
+        sorted.sort();
+        println!(
+            "{label}: min {:.1} ms, median {:.1} ms, max {:.1} ms ({} KiB of Rust)",
+            ms(sorted[0]),
+            ms(sorted[RUNS / 2]),
+            ms(sorted[RUNS - 1]),
+            bytes[i] / 1024
+        );
+    }
+    // The median (and quartiles) of `with - without`, run by run.
+    let added = |with: usize, without: usize| -> (f64, f64, f64) {
+        let mut d: Vec<f64> = (0..RUNS)
+            .map(|r| ms(times[with][r]) - ms(times[without][r]))
+            .collect();
+        d.sort_by(f64::total_cmp);
+        (d[RUNS / 2], d[RUNS / 4], d[3 * RUNS / 4])
+    };
 
     // The share of loading and checking (JSON, meta-schema, references) in the step.
     let mut loads: Vec<Duration> = (0..RUNS)
         .map(|_| {
             let started = Instant::now();
-            let events = outbox_codegen::load_dir(&schemas).expect("the schemas load");
+            let events = outbox_codegen::load_dir(&unchanged).expect("the schemas load");
             assert_eq!(events.len(), SCHEMAS);
             started.elapsed()
         })
@@ -50,15 +111,26 @@ pub fn run() {
         "of which loading and checking: median {:.1} ms",
         ms(loads[RUNS / 2])
     );
-    println!(
-        "{SCHEMAS} schemas -> {} KiB of Rust; min {:.1} ms, median {:.1} ms, max {:.1} ms",
-        bytes / 1024,
-        ms(times[0]),
-        ms(median),
-        ms(times[RUNS - 1])
-    );
     let _ = std::fs::remove_dir_all(&dir);
-    println!("codegen_200_ms={:.1}", ms(median));
+    let (u, u_lo, u_hi) = added(1, 0);
+    let (c, c_lo, c_hi) = added(3, 2);
+    println!("the gate adds, against the baseline run beside it (median, quartiles):");
+    println!("  unchanged {u:.1} ms ({u_lo:.1} to {u_hi:.1}); every schema changed {c:.1} ms ({c_lo:.1} to {c_hi:.1})");
+    let mut base = times[1].clone();
+    base.sort();
+    println!("gate_unchanged_ms={u:.1}");
+    println!("gate_all_changed_ms={c:.1}");
+    println!("codegen_200_ms={:.1}", ms(base[RUNS / 2]));
+}
+
+/// One build step: its time and the size of the code.
+fn step(config: &Config, schemas: &Path, out: &Path) -> (Duration, usize) {
+    let started = Instant::now();
+    let code = config
+        .generate(schemas)
+        .unwrap_or_else(|e| panic!("generation failed:\n{e}"));
+    write_if_changed(&out.join(outbox_codegen::DEFAULT_OUT_FILE), &code);
+    (started.elapsed(), code.len())
 }
 
 fn ms(d: Duration) -> f64 {
@@ -68,7 +140,7 @@ fn ms(d: Duration) -> f64 {
 fn scratch_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("outbox-bench-codegen-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("schemas/defs")).expect("create the scratch folder");
+    std::fs::create_dir_all(&dir).expect("create the scratch folder");
     dir
 }
 
@@ -80,7 +152,9 @@ fn write_if_changed(path: &Path, code: &str) {
     std::fs::write(path, code).expect("write the output");
 }
 
-fn write_schemas(dir: &Path) {
+/// The 200 schemas; with `changed`, each has one more optional property.
+fn write_schemas(dir: &Path, changed: bool) {
+    std::fs::create_dir_all(dir.join("defs")).expect("create the schema folder");
     let common = serde_json::json!({
         "$defs": {
             "Money": {
@@ -122,6 +196,10 @@ fn write_schemas(dir: &Path) {
             },
             "additionalProperties": false
         });
+        let mut schema = schema;
+        if changed {
+            schema["properties"]["note"] = serde_json::json!({ "type": "string", "maxLength": 80 });
+        }
         write_json(
             &dir.join(format!("domain{domain}.entity{entity}.changed.schema.json")),
             &schema,

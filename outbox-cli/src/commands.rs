@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use futures::StreamExt;
+use outbox_codegen::evolution::{Level, Mode};
+use outbox_codegen::LockedStatus;
 use outbox_runtime::status::{Status, Unblock};
 use outbox_runtime::{RelayConfig, StreamSpec};
 use uuid::Uuid;
@@ -28,11 +30,25 @@ pub enum Command {
     /// Exits 1 when a threshold given by --max-* is crossed, so it can back an alert.
     Status(StatusArgs),
     /// Lint a schemas folder with the codegen's rules and report every problem at once.
+    ///
+    /// Runs the schema evolution gate too, as the build does: every schema is compared with
+    /// its released version in the lock file (written by `outbox lock`), and a breaking change
+    /// is a problem. Compatible changes are notes. Exits 1 when there is a problem.
     Check {
         /// The schemas folder.
         #[arg(default_value = "schemas/events")]
         dir: PathBuf,
+        #[command(flatten)]
+        gate: GateArgs,
     },
+    /// Record the schemas of a folder as released, in its lock file.
+    ///
+    /// The lock holds every event type's schema (shared definitions inlined, keys sorted) and
+    /// its compatibility mode; check it in. From then on the build and `outbox check` fail on
+    /// a breaking change to a released type. A type with a breaking change is only locked
+    /// again when named by `--allow-breaking`: do that once every consumer can take it, or
+    /// publish the new shape as a new major type (`<event_type>.v2`) instead.
+    Lock(LockArgs),
     /// Print the Rust the build script would generate for a schemas folder.
     Gen {
         /// The schemas folder.
@@ -54,6 +70,62 @@ pub enum Command {
     /// Manage the JetStream stream the relay publishes to.
     #[command(subcommand)]
     Stream(StreamCommand),
+}
+
+/// The schema evolution gate's settings (as `outbox_codegen::Config` has them in build.rs).
+#[derive(Debug, Args)]
+pub struct GateArgs {
+    /// The lock file [default: beside the folder, named after it: schemas/events.lock].
+    #[arg(long)]
+    lock: Option<PathBuf>,
+    /// `rust` checks the wire rules and the rules that protect generated Rust code; `wire`
+    /// only the first.
+    #[arg(long, default_value = "rust")]
+    level: Level,
+    /// The compatibility mode of every type (`backward`, `forward` or `full`) [default: the
+    /// mode each type has in the lock; `full` for new types].
+    #[arg(long)]
+    compatibility: Option<Mode>,
+    /// The mode of one type, as `TYPE=MODE` (repeatable); wins over --compatibility.
+    #[arg(long, value_name = "TYPE=MODE", value_parser = type_mode)]
+    compatibility_for: Vec<(String, Mode)>,
+}
+
+impl GateArgs {
+    fn config(&self) -> outbox_codegen::Config {
+        let mut config = outbox_codegen::Config::new();
+        config.source("check").compatibility_level(self.level);
+        if let Some(lock) = &self.lock {
+            config.lock_file(lock);
+        }
+        if let Some(mode) = self.compatibility {
+            config.compatibility(mode);
+        }
+        for (event_type, mode) in &self.compatibility_for {
+            config.compatibility_for(event_type, *mode);
+        }
+        config
+    }
+}
+
+fn type_mode(s: &str) -> std::result::Result<(String, Mode), String> {
+    let (event_type, mode) = s.split_once('=').ok_or_else(|| {
+        format!("expected TYPE=MODE, like `billing.invoice.paid=backward`, got `{s}`")
+    })?;
+    Ok((event_type.to_owned(), mode.parse()?))
+}
+
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// The schemas folder.
+    #[arg(default_value = "schemas/events")]
+    dir: PathBuf,
+    /// Lock this type even though it breaks its released schema (repeatable). For a type whose
+    /// schema is gone, drops it from the lock.
+    #[arg(long, value_name = "TYPE")]
+    allow_breaking: Vec<String>,
+    #[command(flatten)]
+    gate: GateArgs,
 }
 
 #[derive(Debug, Args)]
@@ -225,7 +297,8 @@ pub async fn run(command: Command) -> Result<ExitCode> {
         }
         Command::Relay(args) => relay(args).await,
         Command::Status(args) => status(args).await,
-        Command::Check { dir } => Ok(check(&dir)),
+        Command::Check { dir, gate } => Ok(check(&dir, &gate)),
+        Command::Lock(args) => Ok(lock(&args)),
         Command::Gen {
             dir,
             source,
@@ -291,17 +364,59 @@ pub async fn run(command: Command) -> Result<ExitCode> {
     }
 }
 
-fn check(dir: &std::path::Path) -> ExitCode {
-    let problems = outbox_codegen::check(dir);
-    if problems.is_empty() {
-        println!("{}: ok", dir.display());
-        return ExitCode::SUCCESS;
+fn check(dir: &std::path::Path, gate: &GateArgs) -> ExitCode {
+    let checked = gate.config().check(dir);
+    for note in &checked.notes {
+        println!("note: {note}");
     }
-    for p in &problems {
+    problems(dir, &checked.problems).unwrap_or_else(|| {
+        println!("{}: ok", dir.display());
+        ExitCode::SUCCESS
+    })
+}
+
+/// Prints `problems` and a count, and gives exit status 1; `None` when there are none.
+fn problems(dir: &std::path::Path, problems: &[outbox_codegen::Error]) -> Option<ExitCode> {
+    if problems.is_empty() {
+        return None;
+    }
+    for p in problems {
         println!("{p}");
     }
     println!("{} problem(s) in {}", problems.len(), dir.display());
-    ExitCode::from(1)
+    Some(ExitCode::from(1))
+}
+
+fn lock(args: &LockArgs) -> ExitCode {
+    let locked = match args
+        .gate
+        .config()
+        .write_lock(&args.dir, &args.allow_breaking)
+    {
+        Ok(locked) => locked,
+        Err(e) => return problems(&args.dir, &e.into_list()).expect("an error is a problem"),
+    };
+    for (event_type, status) in &locked.types {
+        let status = match status {
+            LockedStatus::New => "new",
+            LockedStatus::Unchanged => "unchanged",
+            LockedStatus::Compatible => "changed compatibly",
+            LockedStatus::BreakingAllowed => "changed incompatibly, allowed by --allow-breaking",
+            LockedStatus::Dropped => "gone, dropped from the lock (--allow-breaking)",
+            _ => "locked",
+        };
+        println!("{event_type}: {status}");
+    }
+    let n = locked.types.len();
+    if locked.written {
+        println!("wrote {} ({n} event type(s))", locked.lock_file.display());
+    } else {
+        println!(
+            "{} is up to date ({n} event type(s))",
+            locked.lock_file.display()
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 async fn status(args: StatusArgs) -> Result<ExitCode> {

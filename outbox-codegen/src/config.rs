@@ -1,9 +1,12 @@
 //! The build step's settings and entry points: a folder of event schemas in, one Rust file out.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
+use outbox_schema::pointer::escape_token;
+
 use crate::error::{Error, Result};
+use crate::evolution::{self, Level, Lock, LockEntry, Mode, Report, Status};
 use crate::output::{self, Cargo};
 use crate::pattern::{check_pattern, pattern_matches};
 use crate::schema::{self, EventSchema};
@@ -25,6 +28,7 @@ pub struct Config {
     consumes: Vec<String>,
     out_file: Option<PathBuf>,
     out_dir: Option<PathBuf>,
+    evolution: evolution::Settings,
 }
 
 impl Config {
@@ -69,14 +73,57 @@ impl Config {
         self
     }
 
+    /// The compatibility mode of every event type, over the mode each has in the lock file
+    /// (see [`evolution`](crate::evolution)). Without it, a type is checked under the mode the
+    /// lock records for it, and a type the lock does not have is new (nothing to check).
+    ///
+    /// ```no_run
+    /// use outbox_codegen::evolution::Mode;
+    ///
+    /// // in build.rs, inside `fn main()`:
+    /// outbox_codegen::Config::new()
+    ///     .compatibility(Mode::Full)
+    ///     .compatibility_for("billing.invoice.paid", Mode::Backward)
+    ///     .compile("schemas/events")
+    ///     .unwrap();
+    /// ```
+    pub fn compatibility(&mut self, mode: Mode) -> &mut Self {
+        self.evolution.mode = Some(mode);
+        self
+    }
+
+    /// The compatibility mode of one event type, over [`Config::compatibility`] and the lock.
+    pub fn compatibility_for(&mut self, event_type: impl Into<String>, mode: Mode) -> &mut Self {
+        self.evolution.modes.insert(event_type.into(), mode);
+        self
+    }
+
+    /// Which rules the gate applies: [`Level::Rust`] (the default: wire rules and the rules
+    /// that protect Rust code generated from the schema) or [`Level::Wire`] only.
+    pub fn compatibility_level(&mut self, level: Level) -> &mut Self {
+        self.evolution.level = level;
+        self
+    }
+
+    /// The lock file with the released schemas. Default: beside the schema folder, named after
+    /// it (`schemas/events` has `schemas/events.lock`). Without a lock file every type is new
+    /// and the gate passes; a file set here that does not exist is reported by a cargo warning.
+    pub fn lock_file(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.evolution.lock_file = Some(path.into());
+        self
+    }
+
     /// Generates the Rust for every event schema in `dir` and writes it to
-    /// `$OUT_DIR/outbox_events.rs` (only when its content changed). Prints
-    /// `cargo:rerun-if-changed` for the folder and every file read.
+    /// `$OUT_DIR/outbox_events.rs` (only when its content changed), after the schema evolution
+    /// gate has compared every schema with the lock file. Prints `cargo:rerun-if-changed` for
+    /// the folder, every file read and the lock file, and a `cargo:warning` for each type that
+    /// changed compatibly (refresh the lock with `outbox lock`).
     ///
     /// # Errors
     ///
-    /// Every problem of every schema ([`Error::Many`] when there are several), an invalid
-    /// setting, or a failure to write the output.
+    /// Every problem of every schema ([`Error::Many`] when there are several), every released
+    /// type changed incompatibly ([`Error::Incompatible`]), an invalid setting, or a failure to
+    /// write the output.
     pub fn compile(&self, dir: impl AsRef<Path>) -> Result<()> {
         self.compile_to(dir.as_ref(), &mut std::io::stdout().lock())
     }
@@ -85,9 +132,25 @@ impl Config {
     fn compile_to(&self, dir: &Path, cargo: &mut dyn std::io::Write) -> Result<()> {
         let mut cargo = Cargo(cargo);
         cargo.rerun_if_changed(dir)?;
-        let generated = self.build(dir);
+        let generated = self.build(dir, true);
         for file in &generated.files {
             cargo.rerun_if_changed(file)?;
+        }
+        // A missing file would rerun the script at every build; when the lock appears, a
+        // change of a schema reruns it anyway, and until then there is nothing to compare.
+        let lock_file = self.evolution.lock_file(dir);
+        if lock_file.is_file() {
+            cargo.rerun_if_changed(&lock_file)?;
+        } else if self.evolution.lock_file.is_some() {
+            cargo.warning(&format!(
+                "the lock file {} does not exist: every event type is new and nothing is checked; write it with `outbox lock {} --lock {}`",
+                lock_file.display(),
+                dir.display(),
+                lock_file.display()
+            ))?;
+        }
+        for note in &generated.notes {
+            cargo.warning(note)?;
         }
         let code = generated.code?;
         for pattern in &self.consumes {
@@ -132,16 +195,154 @@ impl Config {
     ///
     /// As [`Config::compile`], without the write.
     pub fn generate(&self, dir: impl AsRef<Path>) -> Result<String> {
-        self.build(dir.as_ref()).code
+        self.build(dir.as_ref(), true).code
     }
 
-    /// Loads the folder and, when the settings and every schema are fine, renders the Rust.
-    /// The files read are reported either way, so a fix reruns the build script.
-    fn build(&self, dir: &Path) -> Generated {
+    /// Every problem of the folder (as [`Config::generate`] finds them, the gate's included)
+    /// and the gate's notes (compatible changes, types not yet in the lock), without the code.
+    /// `outbox check` prints this.
+    pub fn check(&self, dir: impl AsRef<Path>) -> Checked {
+        let generated = self.build(dir.as_ref(), true);
+        Checked {
+            problems: match generated.code {
+                Ok(_) => Vec::new(),
+                Err(e) => e.into_list(),
+            },
+            notes: generated.notes,
+        }
+    }
+
+    /// The schema evolution gate's [`Report`] for `dir`: every event type against the lock,
+    /// with every change found (breaking or not).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use outbox_codegen::evolution::{Mode, Rule, Status};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let schemas = dir.path().join("events");
+    /// std::fs::create_dir(&schemas)?;
+    /// let file = schemas.join("billing.invoice.paid.schema.json");
+    /// let schema = |extra: &str| format!(
+    ///     r#"{{ "title": "InvoicePaid", "type": "object", "required": ["id"{extra}],
+    ///          "properties": {{ "id": {{ "type": "string" }}, "note": {{ "type": "string" }} }} }}"#
+    /// );
+    /// std::fs::write(&file, schema(""))?;
+    /// let mut config = outbox_codegen::Config::new();
+    /// config.source("billing");
+    /// config.write_lock(&schemas, &[])?;             // what `outbox lock` does
+    ///
+    /// std::fs::write(&file, schema(r#", "note""#))?;  // `note` becomes required
+    /// let report = config.evolution(&schemas)?;
+    /// let t = &report.types[0];
+    /// assert_eq!((t.status, t.mode), (Status::Changed, Mode::Full));
+    /// assert_eq!(t.changes[0].rule, Rule::RequiredAdded);
+    /// assert!(!report.passes());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The folder's problems, as [`Config::generate`] has them, without the gate's.
+    pub fn evolution(&self, dir: impl AsRef<Path>) -> Result<Report> {
+        let generated = self.build(dir.as_ref(), false);
+        generated.code?;
+        Ok(generated
+            .report
+            .expect("a folder that generates has a report"))
+    }
+
+    /// Writes the lock file of `dir` (what `outbox lock` does): every event type's normalized
+    /// schema with its mode (set here, else the mode it has in the lock, else `full`). The
+    /// file is rewritten only when its content changes, and locking an unchanged folder gives
+    /// the same bytes.
+    ///
+    /// A type with a breaking change (removed types included) is refused unless listed in
+    /// `allow_breaking`: accepting a break is a decision, made by name.
+    ///
+    /// # Errors
+    ///
+    /// The folder's problems (only a folder that generates is locked), breaking changes not
+    /// allowed, an `allow_breaking` name that is not a type of the folder or the lock, or a
+    /// failure to write the file.
+    pub fn write_lock(&self, dir: impl AsRef<Path>, allow_breaking: &[String]) -> Result<Locked> {
+        let dir = dir.as_ref();
+        let generated = self.build(dir, false);
+        generated.code?;
+        let report = generated
+            .report
+            .expect("a folder that generates has a report");
+        let known: BTreeSet<&str> = report.types.iter().map(|t| t.event_type.as_str()).collect();
+        let mut errors: Vec<Error> = allow_breaking
+            .iter()
+            .filter(|t| !known.contains(t.as_str()))
+            .map(|t| {
+                Error::Config(format!(
+                    "`--allow-breaking {t}`: {t} is neither an event type of {} nor in {}",
+                    dir.display(),
+                    report.lock_file.display()
+                ))
+            })
+            .collect();
+        let allowed = |t: &str| allow_breaking.iter().any(|a| a == t);
+        errors.extend(evolution::errors(&report, dir).into_iter().filter(
+            |e| !matches!(e, Error::Incompatible { event_type, .. } if allowed(event_type)),
+        ));
+        if let Some(e) = Error::from_list(errors) {
+            return Err(e);
+        }
+        let old = Lock::read(&report.lock_file)?;
+        let mut lock = Lock::default();
+        let mut types = Vec::new();
+        for t in &report.types {
+            let broke = !t.breaking(report.level).is_empty();
+            let status = match (t.status, broke) {
+                (Status::Removed, _) => LockedStatus::Dropped,
+                (Status::New, _) => LockedStatus::New,
+                (Status::Unchanged, _) => LockedStatus::Unchanged,
+                (Status::Changed, false) => LockedStatus::Compatible,
+                (Status::Changed, true) => LockedStatus::BreakingAllowed,
+            };
+            types.push((t.event_type.clone(), status));
+            if t.status == Status::Removed {
+                continue;
+            }
+            let (mode, _) = self.evolution.mode_of(&t.event_type, old.as_ref());
+            let event = generated
+                .events
+                .iter()
+                .find(|e| e.event_type == t.event_type)
+                .expect("every type of the report is an event of the folder");
+            lock.events.insert(
+                t.event_type.clone(),
+                LockEntry {
+                    mode,
+                    schema: evolution::normalize(&event.resolved),
+                },
+            );
+        }
+        let text = lock.to_text();
+        let written = !std::fs::read(&report.lock_file).is_ok_and(|old| old == text.as_bytes());
+        output::write_if_changed(&report.lock_file, &text)?;
+        Ok(Locked {
+            lock_file: report.lock_file,
+            written,
+            types,
+        })
+    }
+
+    /// Loads the folder and, when the settings and every schema are fine, runs the schema
+    /// evolution gate and renders the Rust. The files read are reported either way, so a fix
+    /// reruns the build script. With `gate`, breaking changes are errors and the notes are
+    /// filled in; without, only the report is.
+    fn build(&self, dir: &Path, gate: bool) -> Generated {
         let mut generated = Generated {
             code: Err(Error::Many(Vec::new())),
             files: Vec::new(),
             event_types: Vec::new(),
+            events: Vec::new(),
+            report: None,
+            notes: Vec::new(),
         };
         let mut errors = Vec::new();
         let source = match self.resolved_source() {
@@ -172,12 +373,102 @@ impl Config {
             }
         }
         generated.event_types = events.iter().map(|e| e.event_type.clone()).collect();
+        let lock_file = self.evolution.lock_file(dir);
+        let lock = Lock::read(&lock_file).unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        });
         if let Some(e) = Error::from_list(errors) {
             generated.code = Err(e);
             return generated;
         }
-        generated.code = self.render(&events, &source.expect("no errors"));
+        let mut report =
+            evolution::compare_wire(&events, lock.as_ref(), &lock_file, &self.evolution);
+        let rust_checked = evolution::needs_rust(&report, &events, lock.as_ref());
+        // The released schemas' types are generated on a second thread while this one
+        // generates the folder's code: neither needs the other.
+        let released: Vec<(&EventSchema, EventSchema)> =
+            lock.as_ref().map_or_else(Vec::new, |lock| {
+                rust_checked
+                    .iter()
+                    .filter_map(|e| evolution::released(e, lock).map(|r| (*e, r)))
+                    .collect()
+            });
+        let (rendered, old_types) = std::thread::scope(|scope| {
+            let old_types = (!released.is_empty()).then(|| {
+                scope.spawn(|| {
+                    let olds: Vec<EventSchema> = released.iter().map(|(_, r)| r.clone()).collect();
+                    typify_driver::rust_types(&olds)
+                })
+            });
+            let rendered = self.render(&events, &source.expect("no errors"), !released.is_empty());
+            let old_types = old_types.map(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|_| Err("the type generator panicked".to_owned()))
+            });
+            (rendered, old_types)
+        });
+        let mut errors = Vec::new();
+        let code = match rendered {
+            Ok((code, new_types)) => {
+                if let (Some(new_types), Some(old_types)) = (new_types, old_types) {
+                    match old_types {
+                        Ok(old_types) => {
+                            for (event, old) in &released {
+                                evolution::add_rust(
+                                    &mut report,
+                                    event,
+                                    old,
+                                    &old_types,
+                                    &new_types,
+                                );
+                            }
+                        }
+                        Err(why) => errors.push(self.unreleasable(&report, &released, &why)),
+                    }
+                }
+                Some(code)
+            }
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        };
+        if gate {
+            errors.extend(evolution::errors(&report, dir));
+            generated.notes = evolution::notes(&report, dir);
+        }
+        generated.report = Some(report);
+        generated.events = events;
+        generated.code = match (Error::from_list(errors), code) {
+            (Some(e), _) => Err(e),
+            (None, Some(code)) => Ok(code),
+            (None, None) => unreachable!("no code comes with an error"),
+        };
         generated
+    }
+
+    /// The error when the released schemas of `released` no longer go through the type
+    /// generator: the rust level cannot be checked.
+    fn unreleasable(
+        &self,
+        report: &Report,
+        released: &[(&EventSchema, EventSchema)],
+        why: &str,
+    ) -> Error {
+        let types: Vec<&str> = released
+            .iter()
+            .map(|(e, _)| e.event_type.as_str())
+            .collect();
+        Error::schema(
+            &report.lock_file,
+            format!("/events/{}/schema", escape_token(types[0])),
+            format!(
+                "the released schema of {} cannot be generated any more ({why}), so the rust level cannot be checked; lock the folder again with `outbox lock`, or check only the wire level (`.compatibility_level(Level::Wire)`)",
+                types.join(", ")
+            ),
+        )
     }
 
     /// One error for every `.consumes` pattern that is not a valid pattern.
@@ -210,11 +501,17 @@ impl Config {
         Ok(source)
     }
 
-    /// typify's types for `events`, decorated and pretty-printed.
-    fn render(&self, events: &[EventSchema], source: &str) -> Result<String> {
-        let mut file = typify_driver::generate(events)?;
+    /// typify's types for `events`, decorated and pretty-printed; with `types`, also the
+    /// generated types for the gate's rust level.
+    fn render(
+        &self,
+        events: &[EventSchema],
+        source: &str,
+        types: bool,
+    ) -> Result<(String, Option<evolution::rust::RustTypes>)> {
+        let (mut file, rust_types) = typify_driver::generate(events, types)?;
         decorate::decorate(&mut file, events, source, &self.consumes)?;
-        Ok(output::print(&file, events))
+        Ok((output::print(&file, events), rust_types))
     }
 }
 
@@ -245,10 +542,46 @@ pub fn compile(dir: impl AsRef<Path>) -> Result<()> {
 /// # Ok(()) }
 /// ```
 pub fn check(dir: impl AsRef<Path>) -> Vec<Error> {
-    match Config::new().source("check").generate(dir) {
-        Ok(_) => Vec::new(),
-        Err(e) => e.into_list(),
-    }
+    Config::new().source("check").check(dir).problems
+}
+
+/// What [`Config::check`] found.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Checked {
+    /// Every problem, one error each (a breaking change is one [`Error::Incompatible`] per
+    /// event type).
+    pub problems: Vec<Error>,
+    /// The gate's notes: types that changed compatibly since the lock, types not in it yet.
+    pub notes: Vec<String>,
+}
+
+/// What [`Config::write_lock`] did.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Locked {
+    /// The lock file.
+    pub lock_file: PathBuf,
+    /// Whether its content changed (it is written only then).
+    pub written: bool,
+    /// Every event type, sorted, then those dropped from the lock.
+    pub types: Vec<(String, LockedStatus)>,
+}
+
+/// How an event type went into the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockedStatus {
+    /// It was not in the lock.
+    New,
+    /// As it was.
+    Unchanged,
+    /// Its schema changed compatibly.
+    Compatible,
+    /// Its schema changed incompatibly, allowed by `--allow-breaking`.
+    BreakingAllowed,
+    /// It has no schema any more and left the lock (allowed by `--allow-breaking`).
+    Dropped,
 }
 
 /// The outcome of [`Config::build`]: the code or the problems, and what was read either way.
@@ -257,6 +590,12 @@ struct Generated {
     /// Every file read, each once, for `rerun-if-changed`.
     files: Vec<PathBuf>,
     event_types: Vec<String>,
+    /// The loaded schemas, when the folder loads.
+    events: Vec<EventSchema>,
+    /// The gate's report, when the folder loads.
+    report: Option<Report>,
+    /// The gate's notes (with `gate` only).
+    notes: Vec<String>,
 }
 
 #[cfg(test)]

@@ -129,13 +129,37 @@
 //! ```
 //!
 //! All problems of the folder are collected and reported at once ([`Error::Many`], one a line);
-//! [`check`] returns them as a list (`outbox check` prints it). What is checked:
+//! [`check`] returns them as a list (`outbox check` prints it). What is checked (besides the
+//! schema evolution gate, below):
 //! the file name is a valid event type; the file is JSON and a valid JSON Schema (draft 2020-12
 //! or draft-07, by meta-schema validation); the root is `"type": "object"`; `title` is a Rust type
 //! name no other schema uses; `x-outbox-subject` names a required string, uuid or integer
 //! property; every `$ref` resolves inside the folder; and the type generator (typify) can take
 //! the schema. Typify's errors and panics become [`Error::Schema`] at the definition or property
 //! it failed on, never a panic of the build script.
+//!
+//! # Schema evolution
+//!
+//! A released event type must not change in a way its consumers cannot read. `outbox lock`
+//! records every type's schema in a lock file beside the folder (`schemas/events.lock`), and
+//! the build step compares each schema with it under a compatibility mode (`backward`,
+//! `forward` or `full`, the default) and level (`wire`, or `rust`, the default). A breaking
+//! change is an [`Error::Incompatible`] listing each change with its JSON pointer, rule and
+//! whom it breaks, and the fixes; a compatible change is a cargo warning to refresh the lock.
+//! See [`evolution`] and `docs/schema-evolution.md`. The builder takes the settings:
+//!
+//! ```no_run
+//! use outbox_codegen::evolution::{Level, Mode};
+//!
+//! // build.rs, inside `fn main()`:
+//! outbox_codegen::Config::new()
+//!     .compatibility(Mode::Full)                                  // every type, over the lock
+//!     .compatibility_for("billing.invoice.paid", Mode::Backward)  // one type
+//!     .compatibility_level(Level::Rust)
+//!     .lock_file("schemas/events.lock")                           // the default for schemas/events
+//!     .compile("schemas/events")
+//!     .unwrap();
+//! ```
 //!
 //! # What the types do not enforce
 //!
@@ -152,6 +176,7 @@
 //! derive uses them).
 mod config;
 mod decorate;
+pub mod evolution;
 mod output;
 mod pattern;
 mod typify_driver;
@@ -164,7 +189,7 @@ pub mod schema {
     pub use outbox_schema::{load_dir, load_event, schema_files, EventSchema};
 }
 
-pub use config::{check, compile, Config};
+pub use config::{check, compile, Checked, Config, Locked, LockedStatus};
 pub use error::{Error, Result};
 pub use output::DEFAULT_OUT_FILE;
 pub use schema::{load_dir, load_event, EventSchema};

@@ -2,29 +2,43 @@
 //! into [`Error::Schema`] at the definition or property it failed on, never a panic of the build
 //! script.
 
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::sync::Once;
 
 use outbox_schema::pointer::escape_token;
 use serde_json::{Map, Value};
 use typify::{TypeSpace, TypeSpaceSettings};
 
 use crate::error::{Error, Result};
+use crate::evolution::rust::RustTypes;
 use crate::schema::EventSchema;
 use crate::typify_input::{typify_inputs, TypifyInput};
 
-/// The Rust typify generates for `events`, parsed, before decoration.
-pub(crate) fn generate(events: &[EventSchema]) -> Result<syn::File> {
+/// The Rust typify generates for `events`, parsed, before decoration; with `types`, also the
+/// generated types as the schema evolution gate reads them.
+pub(crate) fn generate(
+    events: &[EventSchema],
+    types: bool,
+) -> Result<(syn::File, Option<RustTypes>)> {
     let inputs = typify_inputs(events)?;
-    let tokens = run_typify(&inputs, events)?;
+    let (tokens, rust_types) = run_typify(&inputs, events, types)?;
     let file: syn::File = syn::parse2(tokens).map_err(|e| {
         Error::Config(format!(
             "the Rust generated from the schemas does not parse ({e}); this is a bug in the code generator"
         ))
     })?;
     check_unique_items(&file)?;
-    Ok(file)
+    Ok((file, rust_types))
+}
+
+/// The types typify generates for `events` (released schemas, from the lock), without the
+/// code. The error is the generator's, in brief.
+pub(crate) fn rust_types(events: &[EventSchema]) -> Result<RustTypes, String> {
+    let inputs = typify_inputs(events).map_err(|e| e.to_string())?;
+    let space = build_space(all_pairs(&inputs))?;
+    Ok(RustTypes::of(&space))
 }
 
 /// typify's settings: plain structs without builder types (events are built with struct
@@ -37,16 +51,33 @@ fn settings() -> TypeSpaceSettings {
     settings
 }
 
-/// Serializes panic-hook swaps: the hook is process-global.
-static PANIC_HOOK: Mutex<()> = Mutex::new(());
+thread_local! {
+    /// Whether this thread is inside [`quietly`].
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Installs, once, a panic hook that says nothing for threads inside [`quietly`] and passes
+/// every other panic to the hook that was there before. Swapping the process-wide hook around
+/// each call would make concurrent calls (the gate generates the released schemas' types
+/// while the build renders its own) wait for each other.
+fn install_quiet_hook() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+}
 
 /// Runs `f`, turning a panic into its message, without printing the panic.
 fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    let _guard = PANIC_HOOK.lock().unwrap_or_else(|e| e.into_inner());
-    let previous = panic::take_hook();
-    panic::set_hook(Box::new(|_| {}));
+    install_quiet_hook();
+    let was = QUIET.with(|q| q.replace(true));
     let result = panic::catch_unwind(AssertUnwindSafe(f));
-    panic::set_hook(previous);
+    QUIET.with(|q| q.set(was));
     result.map_err(|payload| {
         payload
             .downcast_ref::<&str>()
@@ -73,8 +104,8 @@ fn brief(text: &str) -> String {
     }
 }
 
-/// Converts `(name, schema)` pairs in one type space; the error is typify's error or panic.
-fn convert(pairs: Vec<(String, Value)>) -> Result<proc_macro2::TokenStream, String> {
+/// `(name, schema)` pairs in one type space; the error is typify's error or panic.
+fn build_space(pairs: Vec<(String, Value)>) -> Result<TypeSpace, String> {
     let mut schemas = Vec::with_capacity(pairs.len());
     for (name, value) in pairs {
         let schema: schemars::schema::Schema = serde_json::from_value(value)
@@ -86,11 +117,20 @@ fn convert(pairs: Vec<(String, Value)>) -> Result<proc_macro2::TokenStream, Stri
         space
             .add_ref_types(schemas)
             .map_err(|e| brief(&e.to_string()))?;
-        // Rendering can panic too.
-        Ok(space.to_stream())
+        Ok(space)
     })
     .map_err(|panic| brief(&panic))
     .and_then(|r| r)
+}
+
+/// The code of a type space; rendering can panic too.
+fn render(space: &TypeSpace) -> Result<proc_macro2::TokenStream, String> {
+    quietly(|| space.to_stream()).map_err(|panic| brief(&panic))
+}
+
+/// Converts `(name, schema)` pairs in one type space to code.
+fn convert(pairs: Vec<(String, Value)>) -> Result<proc_macro2::TokenStream, String> {
+    render(&build_space(pairs)?)
 }
 
 /// The `(name, schema)` pairs of one event: its definitions, then its root.
@@ -104,7 +144,9 @@ fn pairs_of(input: &TypifyInput) -> Vec<(String, Value)> {
     pairs
 }
 
-fn run_typify(inputs: &[TypifyInput], events: &[EventSchema]) -> Result<proc_macro2::TokenStream> {
+/// The pairs of every input, each name once (definitions shared by several events are the
+/// same value: `typify_inputs` checked it).
+fn all_pairs(inputs: &[TypifyInput]) -> Vec<(String, Value)> {
     let mut all: Vec<(String, Value)> = Vec::new();
     let mut names = HashSet::new();
     for input in inputs {
@@ -114,8 +156,20 @@ fn run_typify(inputs: &[TypifyInput], events: &[EventSchema]) -> Result<proc_mac
             }
         }
     }
-    match convert(all) {
-        Ok(tokens) => Ok(tokens),
+    all
+}
+
+fn run_typify(
+    inputs: &[TypifyInput],
+    events: &[EventSchema],
+    types: bool,
+) -> Result<(proc_macro2::TokenStream, Option<RustTypes>)> {
+    let converted = build_space(all_pairs(inputs)).and_then(|space| {
+        let rust_types = types.then(|| RustTypes::of(&space));
+        Ok((render(&space)?, rust_types))
+    });
+    match converted {
+        Ok(done) => Ok(done),
         Err(batch_error) => {
             // Find the schemas (and the place inside them) the generator cannot take.
             let errors: Vec<Error> = inputs
@@ -237,6 +291,20 @@ mod tests {
             brief("if/then/else schemas are not supported: {\n"),
             "if/then/else schemas are not supported"
         );
+    }
+
+    #[test]
+    fn quietly_works_on_several_threads_at_once() {
+        let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|i| scope.spawn(move || quietly(|| -> () { panic!("thread {i}") })))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, result) in results.into_iter().enumerate() {
+            assert_eq!(result, Err(format!("thread {i}")));
+        }
+        assert!(!QUIET.with(Cell::get), "the flag is reset after each call");
     }
 
     #[test]

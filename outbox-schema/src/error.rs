@@ -44,6 +44,19 @@ pub enum Error {
         message: String,
     },
 
+    /// A released event type changed in a way its compatibility mode does not allow: the
+    /// schema evolution gate of `outbox-codegen` compared the schema with its baseline in the
+    /// lock file. `report` lists the breaking changes and the fixes, over several lines.
+    #[error("{}: {report}", file.display())]
+    Incompatible {
+        /// The schema file (for a released type whose schema is gone, the lock file).
+        file: PathBuf,
+        /// The event type.
+        event_type: String,
+        /// What broke, for whom, and how to fix it; one change a line.
+        report: String,
+    },
+
     /// A setting of the build is wrong (for example a `.consumes(..)` pattern or a missing
     /// `OUT_DIR`).
     #[error("{0}")]

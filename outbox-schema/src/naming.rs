@@ -165,6 +165,30 @@ pub fn schema_file_name(event_type: &str) -> String {
     format!("{event_type}{SCHEMA_SUFFIX}")
 }
 
+/// The next major version of an event type: `.v2` appended to an unversioned type, `.v<N+1>`
+/// in place of `.v<N>`. A breaking change to a released type is published under this name,
+/// beside the old one.
+///
+/// ```
+/// use outbox_schema::naming::next_major;
+///
+/// assert_eq!(next_major("billing.invoice.paid"), "billing.invoice.paid.v2");
+/// assert_eq!(next_major("billing.invoice.paid.v2"), "billing.invoice.paid.v3");
+/// ```
+pub fn next_major(event_type: &str) -> String {
+    let tokens: Vec<&str> = event_type.split('.').collect();
+    if tokens.len() == 4 && is_version(tokens[3]) {
+        if let Some(n) = tokens[3][1..]
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_add(1))
+        {
+            return format!("{}.v{n}", tokens[..3].join("."));
+        }
+    }
+    format!("{event_type}.v2")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,6 +224,18 @@ mod tests {
         ] {
             let err = check_event_type(bad).expect_err(bad);
             assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn next_majors_are_valid_types() {
+        for (from, to) in [
+            ("a.b.c", "a.b.c.v2"),
+            ("a.b.c.v2", "a.b.c.v3"),
+            ("a.b.c.v9", "a.b.c.v10"),
+        ] {
+            assert_eq!(next_major(from), to);
+            assert_eq!(check_event_type(to), Ok(()), "{to}");
         }
     }
 

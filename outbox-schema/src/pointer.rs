@@ -42,7 +42,13 @@ fn percent_encode(text: &str) -> String {
 
 /// A URI fragment back to the pointer it encodes. A `%` not followed by two hex digits is kept
 /// as it is.
-pub(crate) fn percent_decode(text: &str) -> String {
+///
+/// ```
+/// use outbox_schema::pointer::percent_decode;
+///
+/// assert_eq!(percent_decode("/$defs/Prix%20%E2%82%AC"), "/$defs/Prix €");
+/// ```
+pub fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
