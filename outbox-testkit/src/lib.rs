@@ -9,6 +9,8 @@
 //!   Postgres cluster a test may stop and restart.
 //! - [`nats`]: [`NatsServer`], a private `nats-server` with JetStream a test may stop and
 //!   restart; [`connect_nats`].
+//! - [`cluster`]: [`NatsCluster`], a private three-node JetStream cluster a test may step
+//!   down, kill and freeze node by node.
 //! - [`stream`]: reading a stream back ([`read_stream`], [`Delivered`]).
 //! - [`relay`]: running a relay in the background ([`run_relay`]).
 //! - [`wait`]: waiting for a condition ([`eventually`]).
@@ -33,6 +35,7 @@
 //! # }
 //! ```
 
+pub mod cluster;
 pub mod db;
 pub mod env;
 pub mod event;
@@ -43,10 +46,11 @@ pub mod suite;
 pub mod unique;
 pub mod wait;
 
+pub use cluster::NatsCluster;
 pub use db::{PgServer, TestDb, TestDbBuilder};
 pub use env::{database_url, nats_url};
 pub use event::{emit_committed, open_schemas, raw_event, RawEventBuilder};
-pub use nats::{connect_nats, NatsServer, NatsServerConfig};
+pub use nats::{connect_nats, nats_server_binary, NatsServer, NatsServerConfig};
 pub use relay::run_relay;
 pub use stream::{read_stream, stream_len, Delivered};
 pub use unique::{free_port, unique_name, unique_token};

@@ -7,13 +7,34 @@ use std::time::Duration;
 use crate::env::service_missing;
 use crate::unique::{free_port, unique_token};
 
-/// Connects to NATS at `url`, failing with the command that starts it.
+/// Connects to NATS at `url` (or any of a comma-separated list of URLs, a cluster's),
+/// failing with the command that starts it.
 pub async fn connect_nats(url: &str) -> async_nats::Client {
+    let urls: Vec<&str> = url.split(',').map(str::trim).collect();
     async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(5))
-        .connect(url)
+        .connect(urls.as_slice())
         .await
         .unwrap_or_else(|e| service_missing("NATS", url, e, "NATS_URL"))
+}
+
+/// The nats-server binary private servers run: `NATS_SERVER_BIN` when set; else the current
+/// release `scripts/services` installs into the repository's `.venv-nats`; else `nats-server`
+/// on `PATH`; else Debian's `/usr/sbin/nats-server`.
+pub fn nats_server_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("NATS_SERVER_BIN") {
+        return PathBuf::from(bin);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv-nats/bin/nats-server");
+    if venv.is_file() {
+        return venv;
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("nats-server"))
+            .find(|bin| bin.is_file())
+    });
+    on_path.unwrap_or_else(|| PathBuf::from("/usr/sbin/nats-server"))
 }
 
 /// How to run a private nats-server; every field has a default.
@@ -33,7 +54,7 @@ pub struct NatsServerConfig {
     /// Further command-line arguments: credentials (`--user u --pass p`), a config file
     /// (`-c file`), cluster options.
     pub args: Vec<String>,
-    /// The binary; default `NATS_SERVER_BIN`, or `/usr/sbin/nats-server`.
+    /// The binary; default [`nats_server_binary`].
     pub binary: Option<PathBuf>,
 }
 
@@ -72,10 +93,7 @@ impl NatsServer {
 
     /// Spawns a server as `config` says and waits until it answers.
     pub async fn spawn_config(config: NatsServerConfig) -> NatsServer {
-        let binary = config
-            .binary
-            .or_else(|| std::env::var_os("NATS_SERVER_BIN").map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from("/usr/sbin/nats-server"));
+        let binary = config.binary.unwrap_or_else(nats_server_binary);
         let mut server = NatsServer {
             child: None,
             port: config.port.unwrap_or_else(free_port),
@@ -201,6 +219,23 @@ impl NatsServer {
     /// freeze it without closing its connections).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (a name `kill` knows: `STOP`, `CONT`, `KILL`, `TERM`) to the server,
+    /// by its pid; panics when it is not running or the signal cannot be sent.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the server is not running");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+    }
+
+    /// The binary the server runs.
+    pub fn binary(&self) -> &Path {
+        &self.binary
     }
 
     /// Kills the server (this child only, by its pid) and waits for it to exit.
