@@ -264,6 +264,10 @@ pub enum StreamCommand {
         /// Keep messages in memory instead of files.
         #[arg(long)]
         memory: bool,
+        /// Replicas in a JetStream cluster: 3 in production (one warns that a single replica
+        /// can lose acknowledged messages in a crash).
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
     },
 }
 
@@ -338,6 +342,7 @@ pub async fn run(command: Command) -> Result<ExitCode> {
             subjects,
             duplicate_window,
             memory,
+            replicas,
         }) => {
             let js = connect::jetstream(&nats).await?;
             let spec = StreamSpec {
@@ -349,16 +354,21 @@ pub async fn run(command: Command) -> Result<ExitCode> {
                 } else {
                     outbox_runtime::StorageType::File
                 },
+                replicas,
                 ..StreamSpec::default()
             };
             let info = spec.ensure(&js).await?;
             println!(
-                "stream {} ok: subjects {}, duplicate window {}s, {} message(s)",
+                "stream {} ok: subjects {}, duplicate window {}s, {} replica(s), {} message(s)",
                 info.config.name,
                 info.config.subjects.join(", "),
                 info.config.duplicate_window.as_secs(),
+                info.config.num_replicas.max(1),
                 info.state.messages
             );
+            if let Some(warning) = outbox_runtime::durability_warning(&info.config) {
+                eprintln!("warning: {warning}");
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -132,7 +132,9 @@ pub async fn jetstream(args: &NatsArgs) -> Result<async_nats::jetstream::Context
     if let (Some(cert), Some(key)) = (&args.nats_tls_cert, &args.nats_tls_key) {
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
-    let client = options.connect(args.nats_url.as_str()).await.map_err(|e| {
+    // a cluster is given as a comma-separated list of its servers' URLs
+    let urls: Vec<&str> = args.nats_url.split(',').map(str::trim).collect();
+    let client = options.connect(urls.as_slice()).await.map_err(|e| {
         let hint = match e.kind() {
             async_nats::ConnectErrorKind::AuthorizationViolation
             | async_nats::ConnectErrorKind::Authentication => {

@@ -1225,8 +1225,13 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
         out.expect_code(0).assert_clean();
         assert_eq!(
             out.stdout.trim(),
-            format!("stream {stream} ok: subjects {captures}, duplicate window 600s, 0 message(s)"),
+            format!("stream {stream} ok: subjects {captures}, duplicate window 600s, 1 replica(s), 0 message(s)"),
             "`stream ensure` {round} the stream"
+        );
+        assert!(
+            out.stderr.contains("has one replica") && out.stderr.contains("sync_interval"),
+            "a single replica is warned about:\n{}",
+            out.stderr
         );
     }
     let info = ctx.ensure_stream().await;
@@ -1638,4 +1643,68 @@ async fn a_relay_frozen_mid_batch_releases_its_subjects_within_seconds() {
     }
     assert_eq!(seen, per_subject, "every event once, each subject in order");
     ctx.delete_stream().await;
+}
+
+#[tokio::test]
+async fn stream_ensure_creates_a_replicated_stream_on_a_cluster_and_refuses_an_unsafe_one() {
+    let cluster = outbox_testkit::NatsCluster::spawn(3).await;
+    let urls = cluster.urls();
+    let ensure = |name: &'static str, subject: &'static str| {
+        run([
+            "stream",
+            "ensure",
+            "--nats-url",
+            urls.as_str(),
+            "--name",
+            name,
+            "--subject",
+            subject,
+            "--replicas",
+            "3",
+        ])
+    };
+    // the first meta leader may take a moment to be elected
+    let mut out = ensure("CLUSTERED", "clustered.>").await;
+    for _ in 0..50 {
+        if out.code == Some(0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        out = ensure("CLUSTERED", "clustered.>").await;
+    }
+    out.expect_code(0).assert_clean();
+    assert!(
+        out.stdout.contains("stream CLUSTERED ok") && out.stdout.contains("3 replica(s)"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stderr.contains("one replica"),
+        "no warning for R3: {}",
+        out.stderr
+    );
+
+    let js = async_nats::jetstream::new(cluster.connect().await);
+    cluster
+        .create_stream(
+            &js,
+            async_nats::jetstream::stream::Config {
+                name: "INTEREST".into(),
+                subjects: vec!["interest.>".into()],
+                retention: async_nats::jetstream::stream::RetentionPolicy::Interest,
+                duplicate_window: Duration::from_secs(600),
+                num_replicas: 3,
+                ..Default::default()
+            },
+        )
+        .await;
+    let out = ensure("INTEREST", "interest.>").await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains("INTEREST")
+            && out.stderr.contains("retention is interest")
+            && out.stderr.contains("limits retention"),
+        "the unsafe setting is named with its fix:\n{}",
+        out.stderr
+    );
 }

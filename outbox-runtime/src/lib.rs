@@ -23,7 +23,7 @@ pub use envelope::{Envelope, CONTENT_TYPE, DATA_CONTENT_TYPE, SPEC_VERSION};
 pub use error::{BoxError, Error, Result, SchemaViolation};
 pub use event::{EmitEvent, OutboxEvent, PLATFORM_SUBJECT};
 pub use relay::{BatchReport, Claim, Relay, RelayConfig, RelayStats};
-pub use stream::{check_captures, StorageType, StreamSpec};
+pub use stream::{check_captures, durability_warning, unsafe_settings, StorageType, StreamSpec};
 pub use validate::Schemas;
 
 /// `#[derive(OutboxEvent)]`: see [`OutboxEvent`] and the crate docs.

@@ -31,6 +31,10 @@ pub const CUT_BATCHES: &str = "outbox_relay_batches_cut_total";
 /// Gauge: 1 when the stream (label `stream`) remembers message ids for less than the relay's
 /// retry horizon, so that a republished event may be stored twice; 0 once it does.
 pub const SHORT_DUPLICATE_WINDOW: &str = "outbox_stream_duplicate_window_short";
+/// Gauge, by `stream`: 1 while the stream has settings under which it can lose messages it
+/// acknowledged (interest or work-queue retention, `no_ack`, message or byte limits,
+/// asynchronous persistence), else 0.
+pub const UNSAFE_STREAM: &str = "outbox_stream_unsafe";
 /// Gauge: 1 while the relay's `LISTEN` connection is up and answers its heartbeat, 0 while it
 /// is not (the relay then finds new rows by its fallback poll only).
 pub const LISTENING: &str = "outbox_relay_listening";

@@ -7,6 +7,11 @@
 //! window must cover the relay's retry horizon (see
 //! [`RelayConfig::retry_horizon`](crate::RelayConfig::retry_horizon)).
 //!
+//! A stream must also keep what it acknowledged: once the relay has marked a row published and
+//! retention has pruned it, the stream holds the only copy. [`unsafe_settings`] names the
+//! settings that lose acknowledged messages (interest or work-queue retention, `no_ack`, message
+//! and byte limits, asynchronous persistence); [`durability_warning`] the single-replica case.
+//!
 //! [`StreamSpec::ensure`] creates the stream, or checks an existing one and says precisely what
 //! differs. [`check_captures`] finds, for each subject, the stream that captures it; the relay
 //! runs it at start.
@@ -205,6 +210,10 @@ impl StreamSpec {
                     .await
                     .map_err(|e| Error::nats(format!("reading stream `{}`", self.name), e))?
                     .clone();
+                let unsafe_settings = unsafe_settings(&info.config);
+                if !unsafe_settings.is_empty() {
+                    return Err(self.error(unsafe_reason(&unsafe_settings)));
+                }
                 let diff = self.differences(&info.config);
                 if diff.is_empty() {
                     Ok(info)
@@ -230,6 +239,99 @@ impl StreamSpec {
             Err(e) => Err(Error::nats(format!("looking up stream `{}`", self.name), e)),
         }
     }
+}
+
+/// The settings of `config` under which the stream can lose a message it acknowledged (or can
+/// never acknowledge one), each in words with its fix; empty when there are none.
+///
+/// ```
+/// use async_nats::jetstream::stream::{Config, RetentionPolicy};
+///
+/// let safe = Config { name: "BILLING".into(), ..Default::default() };
+/// assert!(outbox_runtime::unsafe_settings(&safe).is_empty());
+/// let interest = Config { retention: RetentionPolicy::Interest, ..safe };
+/// assert!(outbox_runtime::unsafe_settings(&interest)[0].starts_with("retention is interest"));
+/// ```
+pub fn unsafe_settings(config: &stream::Config) -> Vec<String> {
+    use stream::{DiscardPolicy, PersistenceMode, RetentionPolicy};
+    let mut out = Vec::new();
+    let keep_by_age = "use limits retention (the default) and expire messages with max_age";
+    match config.retention {
+        RetentionPolicy::Limits => {}
+        RetentionPolicy::Interest => out.push(format!(
+            "retention is interest: a message is deleted once the consumers that exist have acknowledged it, so a consumer created later (or re-created) never sees it; {keep_by_age}"
+        )),
+        RetentionPolicy::WorkQueue => out.push(format!(
+            "retention is workqueue: a message is deleted once one consumer acknowledged it, so other consumers never see it; {keep_by_age}"
+        )),
+    }
+    if config.no_ack {
+        out.push(
+            "no_ack is set: the stream acknowledges no publish, so the relay can never mark a row published; unset it".into(),
+        );
+    }
+    let limit_effect = match config.discard {
+        DiscardPolicy::Old => "deletes the oldest messages when it is reached, whether consumers read them or not",
+        DiscardPolicy::New => "refuses new messages when it is reached, which leaves the relay's rows at the attempt cap",
+    };
+    let limits = [
+        ("max_msgs", config.max_messages),
+        ("max_bytes", config.max_bytes),
+        ("max_msgs_per_subject", config.max_messages_per_subject),
+    ];
+    for (name, value) in limits {
+        if value > 0 {
+            out.push(format!(
+                "{name} is {value}: the stream {limit_effect}; set it to -1 (unlimited) and expire messages with max_age"
+            ));
+        }
+    }
+    if config.persist_mode == Some(PersistenceMode::Async) {
+        out.push(
+            "persist_mode is async: the stream acknowledges a message before it is stored; use the default persistence".into(),
+        );
+    }
+    if config.sealed {
+        out.push("the stream is sealed: it takes no new messages".into());
+    }
+    if config.mirror.is_some() {
+        out.push(
+            "the stream is a mirror: it takes no published messages; publish to its origin".into(),
+        );
+    }
+    out
+}
+
+/// A warning for a stream with a single replica, or `None` for a replicated one: one server
+/// holds each message it acknowledged, and (unless that server runs with
+/// `jetstream { sync_interval: always }`) not yet on disk, so a crash of that machine loses
+/// acknowledged messages (docs/operations.md, *Deployment*).
+pub fn durability_warning(config: &stream::Config) -> Option<String> {
+    (config.num_replicas <= 1).then(|| {
+        format!(
+            "stream `{}` has one replica: a message it acknowledged is on one server, and on disk only after the server's next sync (every 2 minutes by default) unless the server runs with `sync_interval: always`; a crash can lose published events whose rows are pruned. Use 3 replicas in production",
+            config.name
+        )
+    })
+}
+
+fn unsafe_reason(settings: &[String]) -> String {
+    format!(
+        "can lose messages it acknowledged, which the outbox relies on keeping: {}",
+        settings.join("; ")
+    )
+}
+
+/// [`Error::Stream`] for stream `name` when `config` has [`unsafe_settings`].
+pub(crate) fn check_safe(name: &str, config: &stream::Config) -> Result<()> {
+    let settings = unsafe_settings(config);
+    if settings.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Stream {
+        stream: name.to_owned(),
+        reason: unsafe_reason(&settings),
+    })
 }
 
 fn storage_name(storage: StorageType) -> &'static str {
@@ -303,5 +405,135 @@ pub async fn check_captures<S: AsRef<str>>(
                     .join(", ")
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stream::{Config, DiscardPolicy, PersistenceMode, RetentionPolicy};
+
+    fn safe() -> Config {
+        StreamSpec::new("BILLING", ["billing.>"]).to_config()
+    }
+
+    #[test]
+    fn what_the_spec_creates_is_safe() {
+        assert!(unsafe_settings(&safe()).is_empty());
+        let aged = Config {
+            max_age: Duration::from_secs(86_400),
+            ..safe()
+        };
+        assert!(
+            unsafe_settings(&aged).is_empty(),
+            "max_age is retention, not loss"
+        );
+    }
+
+    #[test]
+    fn every_setting_that_loses_acknowledged_messages_is_named_with_its_fix() {
+        let cases: Vec<(Config, &str, &str)> = vec![
+            (
+                Config {
+                    retention: RetentionPolicy::Interest,
+                    ..safe()
+                },
+                "retention is interest",
+                "limits retention",
+            ),
+            (
+                Config {
+                    retention: RetentionPolicy::WorkQueue,
+                    ..safe()
+                },
+                "retention is workqueue",
+                "limits retention",
+            ),
+            (
+                Config {
+                    no_ack: true,
+                    ..safe()
+                },
+                "no_ack is set",
+                "unset it",
+            ),
+            (
+                Config {
+                    max_messages: 10,
+                    ..safe()
+                },
+                "max_msgs is 10: the stream deletes the oldest",
+                "-1 (unlimited)",
+            ),
+            (
+                Config {
+                    max_bytes: 1 << 20,
+                    discard: DiscardPolicy::New,
+                    ..safe()
+                },
+                "max_bytes is 1048576: the stream refuses new messages",
+                "-1 (unlimited)",
+            ),
+            (
+                Config {
+                    max_messages_per_subject: 1,
+                    ..safe()
+                },
+                "max_msgs_per_subject is 1",
+                "-1 (unlimited)",
+            ),
+            (
+                Config {
+                    persist_mode: Some(PersistenceMode::Async),
+                    ..safe()
+                },
+                "persist_mode is async",
+                "default persistence",
+            ),
+            (
+                Config {
+                    sealed: true,
+                    ..safe()
+                },
+                "sealed",
+                "no new messages",
+            ),
+        ];
+        for (config, setting, fix) in cases {
+            let found = unsafe_settings(&config);
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert!(
+                found[0].contains(setting) && found[0].contains(fix),
+                "{setting}: {}",
+                found[0]
+            );
+            let error = check_safe("BILLING", &config).unwrap_err().to_string();
+            assert!(
+                error.contains("BILLING") && error.contains(setting),
+                "{error}"
+            );
+        }
+        let unlimited = Config {
+            max_messages: -1,
+            max_bytes: -1,
+            max_messages_per_subject: -1,
+            ..safe()
+        };
+        assert!(unsafe_settings(&unlimited).is_empty(), "-1 is unlimited");
+    }
+
+    #[test]
+    fn one_replica_is_warned_about_and_three_are_not() {
+        let warning = durability_warning(&safe()).unwrap();
+        assert!(
+            warning.contains("`BILLING` has one replica")
+                && warning.contains("sync_interval: always"),
+            "{warning}"
+        );
+        let r3 = Config {
+            num_replicas: 3,
+            ..safe()
+        };
+        assert_eq!(durability_warning(&r3), None);
     }
 }
