@@ -44,6 +44,14 @@ pub(super) enum Failure {
     Deadline,
     /// The stream that captures the type could not take it (an election), after the retries.
     Election,
+    /// No ack came while the stream changed leader (or could not say who leads it).
+    LeaderChange,
+    /// No ack came, and the connection to NATS was lost and made again during the batch: the
+    /// message or its ack went with the old connection.
+    Reconnected,
+    /// A server older than 2.11 acknowledged it as a duplicate of a message the stream does
+    /// not hold (the id outlived a message lost in a leader change).
+    UnverifiedDuplicate,
 }
 
 impl Failure {
@@ -63,6 +71,9 @@ impl Failure {
             Failure::NotConnected => "not_connected",
             Failure::Deadline => "deadline",
             Failure::Election => "election",
+            Failure::LeaderChange => "leader_change",
+            Failure::Reconnected => "reconnected",
+            Failure::UnverifiedDuplicate => "unverified_duplicate",
         }
     }
 }
@@ -78,6 +89,15 @@ impl fmt::Display for Failure {
             Failure::Deadline => f.write_str("no ack before the batch deadline"),
             Failure::Election => f.write_str(
                 "the stream could not take the message (no responders, or JetStream temporarily unavailable: a leader election)",
+            ),
+            Failure::LeaderChange => f.write_str(
+                "no ack came while the stream changed leader (or could not say who leads it): the ack was lost to an election",
+            ),
+            Failure::Reconnected => f.write_str(
+                "no ack came, and the connection to NATS was lost and made again meanwhile",
+            ),
+            Failure::UnverifiedDuplicate => f.write_str(
+                "the server (older than 2.11) acknowledged a duplicate whose message the stream does not hold; it is sent again until the stream's duplicate window forgets its id",
             ),
         }
     }
@@ -228,11 +248,23 @@ struct Run<'a> {
     retries: Vec<u8>,
     deadline: Instant,
     expired: bool,
+    /// The client's connection count when the batch started.
+    connects: u64,
+    /// Per stream, whether it changed leader during this batch (asked once per batch).
+    elections: HashMap<String, bool>,
+    /// Whether a duplicate ack is checked against the stream before it counts (servers older
+    /// than 2.11, whose dedupe map could outlive a message lost in a leader change).
+    verify_duplicates: bool,
 }
 
 impl<'a> Run<'a> {
     fn connected(&self) -> bool {
         self.to.jetstream.client().connection_state() == State::Connected
+    }
+
+    /// Whether the client connected again since the batch started.
+    fn reconnected(&self) -> bool {
+        connects(self.to.jetstream) != self.connects
     }
 
     /// Row `i` (and the rest of its chain) is done with, without success.
@@ -274,8 +306,10 @@ impl<'a> Run<'a> {
             Failure::Deadline | Failure::Election if !connected => {
                 return Next::NotAttempted(failure)
             }
-            Failure::Deadline => return Next::Failed(failure),
-            Failure::Election => return Next::NotAttempted(failure),
+            Failure::Deadline | Failure::LeaderChange => return self.timed_out(event_type).await,
+            Failure::Election | Failure::Reconnected | Failure::UnverifiedDuplicate => {
+                return Next::NotAttempted(failure)
+            }
             Failure::Publish(e) => match e.kind() {
                 Kind::MaxPayloadExceeded => {
                     let reason =
@@ -283,6 +317,7 @@ impl<'a> Run<'a> {
                     return Next::Held(Hold::new(HoldCause::TooLarge, reason));
                 }
                 Kind::MaxAckPending => return Next::NotAttempted(failure),
+                Kind::TimedOut if connected => return self.timed_out(event_type).await,
                 Kind::StreamNotFound => true,
                 Kind::Other => match jetstream_code(e) {
                     Some(ErrorCode::CLUSTER_NOT_AVAILABLE) => true,
@@ -290,10 +325,10 @@ impl<'a> Run<'a> {
                         let reason = format!("the stream refuses it: {failure}");
                         return Next::Held(Hold::new(HoldCause::Refused, reason));
                     }
-                    _ if !connected => return Next::NotAttempted(failure),
+                    _ if !connected || self.reconnected() => return Next::NotAttempted(failure),
                     _ => return Next::Failed(failure),
                 },
-                _ if !connected => return Next::NotAttempted(failure),
+                _ if !connected || self.reconnected() => return Next::NotAttempted(failure),
                 _ => return Next::Failed(failure),
             },
         };
@@ -358,17 +393,84 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// The deadline passed: rows awaiting their ack failed, rows waiting for a retry were not
-    /// attempted.
-    fn expire(&mut self) {
+    /// A row of `event_type` got no ack in time while connected: an attempt, unless its
+    /// stream changed leader within two ack timeouts, or cannot say who leads it (then the ack
+    /// was lost to the election).
+    async fn timed_out(&mut self, event_type: &str) -> Next {
+        if !self.connected() {
+            return Next::NotAttempted(Failure::Deadline);
+        }
+        if self.reconnected() {
+            return Next::NotAttempted(Failure::Reconnected);
+        }
+        let elected = match self.stream_of(event_type).await {
+            Capture::Nothing => false,
+            Capture::Unknown => true,
+            Capture::Stream { name } => match self.elections.get(&name) {
+                Some(&elected) => elected,
+                None => {
+                    let streams = self.to.streams;
+                    let window = 2 * self.to.config.ack_timeout;
+                    let elected = streams
+                        .elected_recently(self.to.jetstream, &name, window)
+                        .await;
+                    self.elections.insert(name, elected);
+                    elected
+                }
+            },
+        };
+        if elected {
+            Next::NotAttempted(Failure::LeaderChange)
+        } else {
+            Next::Failed(Failure::Deadline)
+        }
+    }
+
+    /// The stream that captures `event_type`, from the cache or looked up (a second at most).
+    async fn stream_of(&self, event_type: &str) -> Capture {
+        let streams = self.to.streams;
+        if let Some(name) = streams.cached_stream(event_type) {
+            return Capture::Stream { name };
+        }
+        let horizon = self.to.config.retry_horizon();
+        let lookup = streams.capture(self.to.jetstream, event_type, horizon);
+        timeout(LOOKUP_TIMEOUT, lookup)
+            .await
+            .unwrap_or(Capture::Unknown)
+    }
+
+    /// Whether the stream holds the message a duplicate ack for row `i` points at: its
+    /// sequence, under the row's id.
+    async fn duplicate_stored(&self, i: usize, ack: &PublishAck) -> bool {
+        let id = self.rows[i].id.to_string();
+        let read = async {
+            let stream = self
+                .to
+                .jetstream
+                .get_stream_no_info(&ack.stream)
+                .await
+                .ok()?;
+            let message = stream.get_raw_message(ack.sequence).await.ok()?;
+            let stored_id = message
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_owned());
+            Some(stored_id.as_deref() == Some(id.as_str()))
+        };
+        timeout(LOOKUP_TIMEOUT, read).await.ok().flatten() == Some(true)
+    }
+
+    /// The deadline passed: rows awaiting their ack failed (or were not attempted, if their
+    /// stream changed leader meanwhile), rows waiting for a retry were not attempted.
+    async fn expire(&mut self) {
         for i in 0..self.rows.len() {
             if self.flying[i] {
                 self.flying[i] = false;
-                let next = if self.connected() {
-                    Next::Failed(Failure::Deadline)
-                } else {
-                    Next::NotAttempted(Failure::Deadline)
+                let event_type = match &self.rows[i].event {
+                    Ok(e) => e.event_type.clone(),
+                    Err(_) => String::new(),
                 };
+                let next = self.timed_out(&event_type).await;
                 self.settle(i, next);
             } else if self.waiting[i] {
                 self.waiting[i] = false;
@@ -486,6 +588,9 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> S
         retries: vec![0; rows.len()],
         deadline,
         expired: false,
+        connects: connects(to.jetstream),
+        elections: HashMap::new(),
+        verify_duplicates: before_2_11(&to.jetstream.client().server_info().version),
     };
     // One timer for the whole batch, raced against every send and every wait.
     let expiry = sleep_until(deadline);
@@ -496,6 +601,14 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> S
     loop {
         for (i, result) in std::mem::take(&mut done) {
             match result {
+                Ok(ack) if ack.duplicate && run.verify_duplicates => {
+                    if run.duplicate_stored(i, &ack).await {
+                        run.acked(i, ack);
+                    } else {
+                        run.flying[i] = false;
+                        run.settle(i, Next::NotAttempted(Failure::UnverifiedDuplicate));
+                    }
+                }
                 Ok(ack) => run.acked(i, ack),
                 Err(e) => run.failed(i, Failure::Publish(e), &mut delayed).await,
             }
@@ -555,8 +668,28 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> S
             () = &mut expiry => run.expired = true,
         }
     }
-    run.expire();
+    run.expire().await;
     run.settled
+}
+
+/// How often the client has connected (reconnects included).
+fn connects(jetstream: &jetstream::Context) -> u64 {
+    let stats = jetstream.client().statistics();
+    stats.connects.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether a server of `version` (as its `INFO` says, `2.10.24`) is older than 2.11, whose
+/// fixes keep a message id out of the dedupe map when its message was lost in a leader change;
+/// an unreadable version counts as older.
+pub(super) fn before_2_11(version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u64>());
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (2, 11),
+        _ => true,
+    }
 }
 
 #[cfg(test)]
@@ -680,6 +813,16 @@ mod tests {
             "the reason quotes the type shortened: {}",
             long.reason
         );
+    }
+
+    #[test]
+    fn duplicate_acks_are_checked_on_servers_before_2_11() {
+        for old in ["2.9.10", "2.10.24", "v2.10.0", "1.4.1", "", "dev"] {
+            assert!(before_2_11(old), "{old}");
+        }
+        for new in ["2.11.0", "2.11.0-RC.1", "2.12.1", "2.15.1", "3.0.0"] {
+            assert!(!before_2_11(new), "{new}");
+        }
     }
 
     #[test]

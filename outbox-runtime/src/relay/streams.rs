@@ -1,7 +1,8 @@
 //! What the relay knows of the streams behind its event types: whether a stream captures a
-//! type (so that "no responders" tells an election from a missing stream) and whether that
-//! stream's duplicate window covers the relay's retry horizon, checked when a type is first
-//! published and again every few minutes (docs/relay.md, *Streams*).
+//! type (so that "no responders" tells an election from a missing stream), whether that
+//! stream keeps what it acknowledges and its duplicate window covers the relay's retry horizon
+//! (checked when a type is first published and again every few minutes), and who leads it (so
+//! that an ack lost to a leader change costs no attempt) (docs/relay.md, *Streams*).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -41,11 +42,32 @@ struct Entry {
 /// The most event types the relay remembers having published (for the periodic check).
 const SEEN_MAX: usize = 10_000;
 
-/// The relay's cache of stream lookups, by event type, and the types it published.
+/// A stream's leadership as the relay last read it: the leader's server name and when it
+/// became leader (by the server's clock, when the server says), or `None` without a leader.
+type Leadership = Option<(String, Option<String>)>;
+
+/// What the relay saw of a stream's leadership: the last reading, and when it last changed
+/// (or could not be read).
+#[derive(Debug, Clone)]
+struct Watch {
+    leader: Leadership,
+    changed: Option<Instant>,
+}
+
+/// At the relay's first look at a stream's leadership there is nothing to compare with: a
+/// leader that became leader this recently (by the server's clock against this host's) counts
+/// as newly elected.
+const RECENT_LEADER: Duration = Duration::from_secs(30);
+
+/// The relay's cache of stream lookups, by event type, the types it published, and the
+/// leadership of the streams behind them.
 #[derive(Debug, Default)]
 pub(super) struct Streams {
     by_type: Mutex<HashMap<String, Entry>>,
     seen: Mutex<std::collections::BTreeSet<String>>,
+    leaders: Mutex<HashMap<String, Watch>>,
+    /// Streams already warned about (one replica, or settings that lose messages).
+    warned: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Streams {
@@ -79,6 +101,78 @@ impl Streams {
         map.retain(|_, e| e.capture != Capture::Nothing);
     }
 
+    /// The stream that captures `event_type`, if the cache knows it.
+    pub(super) fn cached_stream(&self, event_type: &str) -> Option<String> {
+        match self.fresh(event_type, Instant::now()) {
+            Some(Capture::Stream { name }) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// Whether stream `name` changed leader, or could not say who leads it, within `window`
+    /// as this relay saw it: an ack that did not come in that time was lost to an election,
+    /// not refused. Reads the stream's info (waiting a second at most); at the first look, a
+    /// leader elected within [`RECENT_LEADER`] (or one that does not say since when) counts as
+    /// new.
+    pub(super) async fn elected_recently(
+        &self,
+        jetstream: &jetstream::Context,
+        name: &str,
+        window: Duration,
+    ) -> bool {
+        let read = async {
+            let mut stream = jetstream.get_stream(name).await.ok()?;
+            let info = stream.info().await.ok()?;
+            Some(info.cluster.clone())
+        };
+        let current = match tokio::time::timeout(Duration::from_secs(1), read).await {
+            Ok(Some(None)) => return false, // a single server: no election to wait out
+            Ok(Some(Some(cluster))) => {
+                let recent = cluster
+                    .leader_since
+                    .and_then(|t| async_nats::datetime::add_std_duration(t, RECENT_LEADER).ok())
+                    .map(|recent_until| recent_until > async_nats::datetime::now())
+                    .unwrap_or(true);
+                (leadership(&cluster), recent)
+            }
+            // the stream cannot answer: it is electing (or the meta leader is)
+            _ => (None, true),
+        };
+        let changed = self.note(name, current.0, current.1);
+        changed.is_some_and(|at| at.elapsed() < window)
+    }
+
+    /// Remembers stream `name`'s `leadership` (`None`: no leader, or none could be read);
+    /// returns when it last changed. At the first look it counts as changed now if `recent`.
+    fn note(&self, name: &str, leadership: Leadership, recent: bool) -> Option<Instant> {
+        let now = Instant::now();
+        let mut leaders = self.leaders.lock().unwrap_or_else(|p| p.into_inner());
+        let watch = leaders.entry(name.to_owned()).or_insert_with(|| Watch {
+            leader: leadership.clone(),
+            changed: recent.then_some(now),
+        });
+        if watch.leader != leadership || leadership.is_none() {
+            watch.leader = leadership;
+            watch.changed = Some(now);
+        }
+        watch.changed
+    }
+
+    /// Remembers stream `name`'s leadership from its info, as read by a check.
+    fn note_leader(&self, name: &str, cluster: Option<&jetstream::stream::ClusterInfo>) {
+        if let Some(cluster) = cluster {
+            self.note(name, leadership(cluster), false);
+        }
+    }
+
+    /// Whether stream `name` was not warned about yet (and is now).
+    fn first_warning(&self, name: &str) -> bool {
+        self.warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_owned())
+    }
+
     /// Whether a lookup of `event_type` is due (never made, or stale).
     pub(super) fn is_stale(&self, event_type: &str) -> bool {
         self.fresh(event_type, Instant::now()).is_none()
@@ -99,7 +193,7 @@ impl Streams {
         }
         let (capture, fresh_for) = match jetstream.stream_by_subject(event_type).await {
             Ok(name) => {
-                check_window(jetstream, &name, horizon).await;
+                self.check_stream(jetstream, &name, horizon).await;
                 (Capture::Stream { name }, FRESH_FOR)
             }
             Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
@@ -122,20 +216,38 @@ impl Streams {
     }
 }
 
-/// Warns when stream `name` remembers message ids for less than `horizon`: a row republished
-/// after that (its ack was lost, then it backed off) would be stored twice.
-async fn check_window(jetstream: &jetstream::Context, name: &str, horizon: Duration) {
-    let info = match jetstream.get_stream(name).await {
-        Ok(mut stream) => stream.info().await.map(|i| i.config.duplicate_window),
-        Err(e) => {
-            tracing::debug!(stream = name, error = %e, "outbox relay could not read a stream's configuration");
-            return;
-        }
-    };
-    match info {
-        Ok(window) if window < horizon => {
-            metrics::gauge!(crate::metrics::SHORT_DUPLICATE_WINDOW, "stream" => name.to_owned())
-                .set(1.0);
+fn leadership(cluster: &jetstream::stream::ClusterInfo) -> Leadership {
+    let since = cluster.leader_since.map(|t| t.to_string());
+    cluster.leader.clone().map(|l| (l, since))
+}
+
+impl Streams {
+    /// Reads stream `name`'s configuration and leadership. Warns when it remembers message ids
+    /// for less than `horizon` (a row republished after that, its ack lost, would be stored
+    /// twice), when it has settings that lose acknowledged messages (the
+    /// [`UNSAFE_STREAM`](crate::metrics::UNSAFE_STREAM) gauge, an error each time), and once when
+    /// it has a single replica.
+    async fn check_stream(&self, jetstream: &jetstream::Context, name: &str, horizon: Duration) {
+        let info = match jetstream.get_stream(name).await {
+            Ok(mut stream) => stream.info().await.map(|i| i.clone()),
+            Err(e) => {
+                tracing::debug!(stream = name, error = %e, "outbox relay could not read a stream's configuration");
+                return;
+            }
+        };
+        let info = match info {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::debug!(stream = name, error = %e, "outbox relay could not read a stream's configuration");
+                return;
+            }
+        };
+        self.note_leader(name, info.cluster.as_ref());
+        let window = info.config.duplicate_window;
+        let short = window < horizon;
+        metrics::gauge!(crate::metrics::SHORT_DUPLICATE_WINDOW, "stream" => name.to_owned())
+            .set(if short { 1.0 } else { 0.0 });
+        if short {
             tracing::warn!(
                 stream = name,
                 duplicate_window = ?window,
@@ -144,12 +256,20 @@ async fn check_window(jetstream: &jetstream::Context, name: &str, horizon: Durat
                 horizon.as_secs() + 1
             );
         }
-        Ok(_) => {
-            metrics::gauge!(crate::metrics::SHORT_DUPLICATE_WINDOW, "stream" => name.to_owned())
-                .set(0.0);
+        let unsafe_settings = crate::stream::unsafe_settings(&info.config);
+        metrics::gauge!(crate::metrics::UNSAFE_STREAM, "stream" => name.to_owned())
+            .set(if unsafe_settings.is_empty() { 0.0 } else { 1.0 });
+        if !unsafe_settings.is_empty() {
+            tracing::error!(
+                stream = name,
+                "stream `{name}` can lose messages it acknowledged, and the outbox marks a row published on that ack: {}",
+                unsafe_settings.join("; ")
+            );
         }
-        Err(e) => {
-            tracing::debug!(stream = name, error = %e, "outbox relay could not read a stream's configuration")
+        if let Some(warning) = crate::stream::durability_warning(&info.config) {
+            if self.first_warning(name) {
+                tracing::warn!(stream = name, "{warning}");
+            }
         }
     }
 }

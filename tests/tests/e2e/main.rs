@@ -6,6 +6,7 @@
 //! binary; the example service's suite, which installs the process's Prometheus recorder
 //! (the consumer suite here installs a debugging one), is `example_service`.
 
+mod broker;
 mod consumer;
 mod operations;
 mod relay_basic;
