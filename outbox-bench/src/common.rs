@@ -2,13 +2,16 @@
 //! stream, the benchmark payload, and statistics.
 //!
 //! Defaults (the test kit's): `DATABASE_URL=postgres://root@127.0.0.1/test`,
-//! `NATS_URL=nats://127.0.0.1:4222`.
+//! `NATS_URL=nats://127.0.0.1:4222`. With `--cluster`, the `relay` and `latency` modes start a
+//! private three-node JetStream cluster (the test kit's, on loopback ports) and use it instead
+//! of `NATS_URL`, with a stream of 3 replicas.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use async_nats::jetstream;
 use outbox_runtime::{StorageType, StreamSpec};
-use outbox_testkit::{database_url, nats_url, unique_name, TestDb};
+use outbox_testkit::{database_url, nats_url, unique_name, NatsCluster, TestDb};
 use sqlx::PgPool;
 
 /// The schema of the benchmark payload (`bench.order.placed`), for untyped emits.
@@ -17,6 +20,30 @@ pub const ORDER_SCHEMA: &str = include_str!("../schemas/events/bench.order.place
 /// Whether `--quick` was given (smaller sizes, for a smoke run).
 pub fn quick() -> bool {
     std::env::args().skip(2).any(|a| a == "--quick")
+}
+
+/// The cluster's URLs, once [`cluster`] started one.
+static CLUSTER_URLS: OnceLock<String> = OnceLock::new();
+
+/// With `--cluster`: a private three-node JetStream cluster, which [`connect_nats`] and
+/// [`BenchStream::new`] use from then on (streams get 3 replicas). Keep it for the run.
+pub async fn cluster() -> Option<NatsCluster> {
+    if !std::env::args().skip(2).any(|a| a == "--cluster") {
+        return None;
+    }
+    let cluster = NatsCluster::spawn(3).await;
+    CLUSTER_URLS
+        .set(cluster.urls())
+        .expect("one cluster per run");
+    println!(
+        "cluster: 3 nodes ({}), streams with 3 replicas",
+        cluster.urls()
+    );
+    Some(cluster)
+}
+
+fn nats() -> String {
+    CLUSTER_URLS.get().cloned().unwrap_or_else(nats_url)
 }
 
 /// Prints the command that reproduces this run, and the services it talks to.
@@ -74,7 +101,7 @@ pub async fn vacuum(db: &TestDb) {
 
 /// Connects to `NATS_URL`, failing with the command that starts it.
 pub async fn connect_nats() -> async_nats::Client {
-    outbox_testkit::connect_nats(&nats_url()).await
+    outbox_testkit::connect_nats(&nats()).await
 }
 
 /// A stream of this run capturing `<prefix>.>`, with file storage and the default duplicate
@@ -94,15 +121,20 @@ impl BenchStream {
         let prefix = unique_token();
         let js = jetstream::new(client.clone());
         let name = prefix.to_uppercase();
-        StreamSpec {
+        let spec = StreamSpec {
             name: name.clone(),
             subjects: vec![format!("{prefix}.>")],
             storage: StorageType::File,
+            replicas: if CLUSTER_URLS.get().is_some() { 3 } else { 1 },
             ..Default::default()
+        };
+        // a new cluster elects its first meta leader in the first seconds
+        let mut tries = 0;
+        while let Err(e) = spec.ensure(&js).await {
+            tries += 1;
+            assert!(tries < 100, "create the benchmark stream: {e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        .ensure(&js)
-        .await
-        .expect("create the benchmark stream");
         BenchStream { js, prefix, name }
     }
 

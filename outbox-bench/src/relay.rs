@@ -14,7 +14,8 @@
 //! Options: `--quick` (10,000 events, one round), `--events=N` (backlog size), `--batch=N`
 //! (relay batch size, default `RelayConfig::default().batch_size`), `--lanes=N` (batch loops
 //! per relay, default `RelayConfig::default().lanes`), `--window=N` (raw publishes in flight,
-//! default 256).
+//! default 256), `--cluster` (a private three-node cluster with an R3 stream instead of
+//! `NATS_URL`: raw and relay both publish to it).
 //!
 //! All publish to one stream (file storage, purged between runs). Last line:
 //! `relay_vs_raw_ratio=<median relay x1 rate / median raw rate>`.
@@ -66,6 +67,7 @@ async fn bench(quick: bool) {
     });
     let rounds = if quick { 1 } else { 3 };
     let db = common::database().await;
+    let _cluster = common::cluster().await;
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
