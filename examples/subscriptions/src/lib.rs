@@ -11,6 +11,10 @@
 //! - SIGINT/SIGTERM stop it gracefully: requests drain, the relay finishes its batch.
 //!
 //! Invalid requests get a 4xx with a JSON body `{"error": "...", "detail": "..."}`, never a 500.
+//!
+//! Run it with `scripts/demo` (it starts Postgres and nats-server, drives the service with
+//! curl and shows the event on the stream), or as `cargo run -p example-subscriptions` beside
+//! your own services (`DATABASE_URL`, `NATS_URL`, `BIND`; defaults in [`Config::from_env`]).
 
 pub mod api;
 pub mod events;
