@@ -4,7 +4,6 @@
 //! the claim applies.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
 use std::future::IntoFuture;
 use std::time::Duration;
 
@@ -19,8 +18,12 @@ use futures::FutureExt;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::config::RelayConfig;
+pub(super) use super::failure::Failure;
+use super::failure::{before_2_11, jetstream_code};
+use super::held::{check, fits, no_stream};
+pub(super) use super::held::{Hold, HoldCause};
 use super::message::{message, Trace};
-use super::row::{Event, Row};
+use super::row::Row;
 use super::streams::{Capture, Streams};
 use crate::metrics as names;
 
@@ -30,131 +33,6 @@ const ELECTION_RETRIES: u8 = 2;
 const ELECTION_RETRY_DELAY: Duration = Duration::from_millis(250);
 /// The longest wait for a stream lookup while classifying a failure.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
-/// Room for the headers beside the body within the server's `max_payload`.
-const HEADERS_ALLOWANCE: usize = 256;
-
-/// Why a publish did not succeed.
-#[derive(Debug)]
-pub(super) enum Failure {
-    /// JetStream (or the client) refused the publish or its ack.
-    Publish(PublishError),
-    /// The NATS connection was down: nothing was sent.
-    NotConnected,
-    /// No ack before the batch deadline.
-    Deadline,
-    /// The stream that captures the type could not take it (an election), after the retries.
-    Election,
-    /// No ack came while the stream changed leader (or could not say who leads it).
-    LeaderChange,
-    /// No ack came, and the connection to NATS was lost and made again during the batch: the
-    /// message or its ack went with the old connection.
-    Reconnected,
-    /// A server older than 2.11 acknowledged it as a duplicate of a message the stream does
-    /// not hold (the id outlived a message lost in a leader change).
-    UnverifiedDuplicate,
-}
-
-impl Failure {
-    /// A short name for the cause, for the `reason` label of the failure metrics and for log
-    /// lines: async-nats's publish error kind, or the relay's own reason.
-    pub(super) fn reason(&self) -> &'static str {
-        match self {
-            Failure::Publish(e) => match e.kind() {
-                Kind::StreamNotFound => "no_responders",
-                Kind::WrongLastMessageId | Kind::WrongLastSequence => "expectation",
-                Kind::TimedOut => "timeout",
-                Kind::BrokenPipe => "broken_pipe",
-                Kind::MaxAckPending => "max_ack_pending",
-                Kind::MaxPayloadExceeded => "max_payload",
-                Kind::Other => "other",
-            },
-            Failure::NotConnected => "not_connected",
-            Failure::Deadline => "deadline",
-            Failure::Election => "election",
-            Failure::LeaderChange => "leader_change",
-            Failure::Reconnected => "reconnected",
-            Failure::UnverifiedDuplicate => "unverified_duplicate",
-        }
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Publish(e) => match std::error::Error::source(e) {
-                Some(source) => write!(f, "{e}: {source}"),
-                None => write!(f, "{e}"),
-            },
-            Failure::NotConnected => f.write_str("not connected to NATS"),
-            Failure::Deadline => f.write_str("no ack before the batch deadline"),
-            Failure::Election => f.write_str(
-                "the stream could not take the message (no responders, or JetStream temporarily unavailable: a leader election)",
-            ),
-            Failure::LeaderChange => f.write_str(
-                "no ack came while the stream changed leader (or could not say who leads it): the ack was lost to an election",
-            ),
-            Failure::Reconnected => f.write_str(
-                "no ack came, and the connection to NATS was lost and made again meanwhile",
-            ),
-            Failure::UnverifiedDuplicate => f.write_str(
-                "the server (older than 2.11) acknowledged a duplicate whose message the stream does not hold; it is sent again until the stream's duplicate window forgets its id",
-            ),
-        }
-    }
-}
-
-/// Why a row is held: it cannot be published as it is, so it waits, with its subject, for an
-/// operator (docs/relay.md, *Held rows*).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum HoldCause {
-    /// A column cannot be read (an infinite timestamp, text that is not UTF-8, JSON too deep).
-    Unreadable,
-    /// Its `event_type` breaks the naming rules (a wildcard, `$`, whitespace, too long...).
-    BadType,
-    /// It reached the attempt cap.
-    AtCap,
-    /// Its message is larger than the server's `max_payload`.
-    TooLarge,
-    /// No stream captures its type.
-    NoStream,
-    /// The stream refused it for good (larger than the stream's `max_msg_size`).
-    Refused,
-}
-
-impl HoldCause {
-    /// Whether the broker saw the publish (the row gets one more attempt).
-    pub(super) fn attempted(self) -> bool {
-        matches!(self, HoldCause::NoStream | HoldCause::Refused)
-    }
-
-    /// The `cause` label of [`HELD`](crate::metrics::HELD).
-    pub(super) fn label(self) -> &'static str {
-        match self {
-            HoldCause::Unreadable => "unreadable",
-            HoldCause::BadType => "invalid_event_type",
-            HoldCause::AtCap => "attempt_cap",
-            HoldCause::TooLarge => "max_payload",
-            HoldCause::NoStream => "no_stream",
-            HoldCause::Refused => "refused",
-        }
-    }
-}
-
-/// A held row's cause and reason.
-#[derive(Debug, Clone)]
-pub(super) struct Hold {
-    pub(super) cause: HoldCause,
-    pub(super) reason: String,
-}
-
-impl Hold {
-    fn new(cause: HoldCause, reason: impl Into<String>) -> Hold {
-        Hold {
-            cause,
-            reason: reason.into(),
-        }
-    }
-}
 
 /// What publishing a claim came to: indices into the claim's rows.
 #[derive(Debug, Default)]
@@ -480,100 +358,6 @@ impl<'a> Run<'a> {
     }
 }
 
-/// A row of `event_type`, which no stream captures.
-fn no_stream(event_type: &str) -> Hold {
-    let reason = format!(
-        "no stream captures `{event_type}`: create one (`outbox stream ensure`), then release the row (`outbox unblock`)"
-    );
-    Hold::new(HoldCause::NoStream, reason)
-}
-
-/// The JetStream API error code behind a publish error, if there is one.
-fn jetstream_code(e: &PublishError) -> Option<ErrorCode> {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<jetstream::Error>())
-        .map(jetstream::Error::error_code)
-}
-
-/// The relay's own checks of a row before it is sent (docs/relay.md, *Held rows*).
-fn check<'r>(row: &'r Row, config: &RelayConfig) -> Result<&'r Event, Hold> {
-    let event = row.event.as_ref().map_err(|why| {
-        Hold::new(
-            HoldCause::Unreadable,
-            format!("the row cannot be published: {why}"),
-        )
-    })?;
-    if row.attempts >= config.max_attempts {
-        let reason = format!(
-            "it is at the attempt cap ({} of {})",
-            row.attempts, config.max_attempts
-        );
-        return Err(Hold::new(HoldCause::AtCap, reason));
-    }
-    let depth = json_depth(event.data.get());
-    if depth > MAX_JSON_DEPTH {
-        let reason = format!(
-            "its data nests {depth} levels deep, deeper than consumers' JSON parsers accept ({MAX_JSON_DEPTH})"
-        );
-        return Err(Hold::new(HoldCause::Unreadable, reason));
-    }
-    crate::naming::check_event_type(&event.event_type).map_err(|why| {
-        let shown = crate::naming::shorten(&event.event_type);
-        Hold::new(
-            HoldCause::BadType,
-            format!("invalid event type `{shown}`: {why}"),
-        )
-    })?;
-    Ok(event)
-}
-
-/// The deepest nesting a consumer's JSON parser accepts: serde_json's default recursion limit
-/// (the consumers of this crate use it; most parsers stop near there).
-const MAX_JSON_DEPTH: usize = 128;
-
-/// How deeply `json` nests arrays and objects (valid JSON, as Postgres rendered it): one pass
-/// over its bytes, skipping strings.
-fn json_depth(json: &str) -> usize {
-    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for b in json.bytes() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                deepest = deepest.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    deepest
-}
-
-/// The message, if it fits the server's `max_payload` with its headers.
-fn fits(
-    body: Vec<u8>,
-    headers: async_nats::HeaderMap,
-    max_payload: usize,
-) -> Result<(Vec<u8>, async_nats::HeaderMap), Hold> {
-    if max_payload > 0 && body.len() + HEADERS_ALLOWANCE > max_payload {
-        let reason = format!(
-            "its message has {} bytes, more than the server's max_payload of {max_payload} (raise max_payload, or make the event smaller)",
-            body.len()
-        );
-        return Err(Hold::new(HoldCause::TooLarge, reason));
-    }
-    Ok((body, headers))
-}
-
 /// Publishes `rows`: each subject's rows one after the other (the next sent on the previous
 /// one's ack), all subjects at once, every send and ack before `ack_timeout` from now.
 pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> Settled {
@@ -678,20 +462,6 @@ fn connects(jetstream: &jetstream::Context) -> u64 {
     stats.connects.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Whether a server of `version` (as its `INFO` says, `2.10.24`) is older than 2.11, whose
-/// fixes keep a message id out of the dedupe map when its message was lost in a leader change;
-/// an unreadable version counts as older.
-pub(super) fn before_2_11(version: &str) -> bool {
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u64>());
-    match (parts.next(), parts.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (2, 11),
-        _ => true,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -751,103 +521,5 @@ mod tests {
     fn an_empty_claim_has_no_chains() {
         let mut c = chains(&[]);
         assert!(drain_ready(&mut c).is_empty());
-    }
-
-    #[test]
-    fn only_the_brokers_refusals_count_as_attempts() {
-        use HoldCause::*;
-        for cause in [Unreadable, BadType, AtCap, TooLarge] {
-            assert!(!cause.attempted(), "{cause:?} is the relay's own check");
-        }
-        assert!(NoStream.attempted() && Refused.attempted());
-    }
-
-    fn row(event_type: &str, attempts: i32, event_ok: bool) -> Row {
-        use super::super::position::{Position, Stamp};
-        let id = uuid::Uuid::now_v7();
-        let event = if event_ok {
-            Ok(Event {
-                event_type: event_type.to_owned(),
-                source: "billing".into(),
-                time: Utc::now(),
-                data: serde_json::value::RawValue::from_string("{}".into()).unwrap(),
-            })
-        } else {
-            Err("its time is infinity: the envelope needs a real instant".to_owned())
-        };
-        Row {
-            id,
-            ctid: super::super::row::tests_tid(),
-            position: Position {
-                at: Stamp::At(Utc::now()),
-                id,
-            },
-            subject: "s".into(),
-            attempts,
-            event,
-        }
-    }
-
-    #[test]
-    fn the_relays_own_checks_hold_what_it_must_not_publish() {
-        let config = RelayConfig::default();
-        assert!(check(&row("billing.invoice.paid", 0, true), &config).is_ok());
-        let held = |r: Row| check(&r, &config).unwrap_err();
-        let unreadable = held(row("billing.invoice.paid", 0, false));
-        assert_eq!(unreadable.cause, HoldCause::Unreadable);
-        assert!(
-            unreadable.reason.contains("infinity"),
-            "{}",
-            unreadable.reason
-        );
-        let capped = held(row("billing.invoice.paid", 20, true));
-        assert_eq!(capped.cause, HoldCause::AtCap);
-        assert!(capped.reason.contains("20 of 20"), "{}", capped.reason);
-        let wildcard = held(row("acme.order.*", 0, true));
-        assert_eq!(wildcard.cause, HoldCause::BadType);
-        assert!(wildcard.reason.contains("wildcard"), "{}", wildcard.reason);
-        let long = held(row(&format!("a.b.{}", "c".repeat(5_000)), 0, true));
-        assert_eq!(long.cause, HoldCause::BadType);
-        assert!(
-            long.reason.len() < 400,
-            "the reason quotes the type shortened: {}",
-            long.reason
-        );
-    }
-
-    #[test]
-    fn duplicate_acks_are_checked_on_servers_before_2_11() {
-        for old in ["2.9.10", "2.10.24", "v2.10.0", "1.4.1", "", "dev"] {
-            assert!(before_2_11(old), "{old}");
-        }
-        for new in ["2.11.0", "2.11.0-RC.1", "2.12.1", "2.15.1", "3.0.0"] {
-            assert!(!before_2_11(new), "{new}");
-        }
-    }
-
-    #[test]
-    fn nesting_is_measured_outside_strings() {
-        assert_eq!(json_depth("{}"), 1);
-        assert_eq!(json_depth(r#"{"a":[1,{"b":[]}]}"#), 4);
-        assert_eq!(
-            json_depth(r#"{"s":"[[[[{{{{\"]]]"}"#),
-            1,
-            "brackets inside a string do not count"
-        );
-        assert_eq!(json_depth("3"), 0);
-        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-        assert_eq!(json_depth(&deep), 200);
-    }
-
-    #[test]
-    fn a_message_over_max_payload_is_held_with_the_sizes() {
-        let hold = fits(vec![0; 2_000], async_nats::HeaderMap::new(), 1_024).unwrap_err();
-        assert_eq!(hold.cause, HoldCause::TooLarge);
-        assert!(
-            hold.reason.contains("2000 bytes") && hold.reason.contains("1024"),
-            "{}",
-            hold.reason
-        );
-        assert!(fits(vec![0; 100], async_nats::HeaderMap::new(), 1_024).is_ok());
     }
 }
