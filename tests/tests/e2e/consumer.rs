@@ -73,7 +73,7 @@ pub(crate) fn counter(name: &str, consumer: &str) -> u64 {
 /// A private broker with the fixture's stream, and a migrated database with the handler's table.
 pub(crate) struct Setup {
     pub(crate) db: TestDb,
-    pub(crate) nats: NatsServer,
+    _nats: NatsServer,
     pub(crate) js: async_nats::jetstream::Context,
     pub(crate) relay: Relay,
 }
@@ -109,7 +109,7 @@ pub(crate) async fn setup(duplicate_window: Duration) -> Setup {
     .expect("a relay");
     Setup {
         db,
-        nats,
+        _nats: nats,
         js,
         relay,
     }

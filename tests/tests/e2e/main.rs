@@ -7,6 +7,7 @@
 //! (the consumer suite here installs a debugging one), is `example_service`.
 
 mod consumer;
+mod consumer_operator;
 mod consumer_order;
 mod operations;
 mod relay_basic;
