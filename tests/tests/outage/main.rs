@@ -3,6 +3,7 @@
 //! `e2e` suites' load. Each stops only servers it started itself (a private nats-server or
 //! Postgres cluster), by their pid.
 
+mod consumer_pg_restart;
 mod operations;
 mod relay_crash;
 mod relay_listen;
