@@ -48,7 +48,12 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         match stream.consumer_info(&self.config.name).await {
             Ok(info) => {
                 self.check(&info.config)?;
-                self.get(&stream).await
+                let durable = self.get(&stream).await?;
+                // A durable made before the registry existed counts as this consumer's too.
+                if !registration.created_before {
+                    self.mark_created().await?;
+                }
+                Ok(durable)
             }
             Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {
                 self.create(&stream, registration).await
