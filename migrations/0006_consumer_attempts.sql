@@ -36,3 +36,11 @@ create table if not exists outbox_subject_sequences (
   applied_sequence bigint      not null,
   primary key (consumer, subject)
 );
+
+-- The newest `consumed_at` cutoff retention pruned dedupe rows below (one row). Recorded before
+-- the rows are deleted; a durable created again starts at messages stored since then, so no
+-- event whose dedupe row is gone is delivered to it again.
+create table if not exists outbox_dedupe_horizon (
+  id            boolean     primary key default true check (id),
+  pruned_before timestamptz not null
+);

@@ -44,8 +44,9 @@ pub use outbox_macros::OutboxEvent;
 /// - `0005_outbox_retries.sql`: the relay's retry schedule (`outbox_retries`), one row per
 ///   subject whose oldest unpublished event failed or is held, shared by every relay;
 /// - `0006_consumer_attempts.sql`: the consumers' own state: handler attempts (the give-up
-///   budget), the consumer names in use (one event type per name) and per-subject positions in
-///   stream order (see [`consumer`] and [`order`]).
+///   budget), the consumer names in use (one event type per name), per-subject positions in
+///   stream order, and the dedupe horizon retention records (see [`consumer`], [`order`] and
+///   [`retention`]).
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting).

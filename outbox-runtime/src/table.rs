@@ -46,6 +46,11 @@ pub(crate) const SUBJECT_SEQUENCES: Table = Table {
     migration: "0006_consumer_attempts.sql",
 };
 
+pub(crate) const DEDUPE_HORIZON: Table = Table {
+    name: "outbox_dedupe_horizon",
+    migration: "0006_consumer_attempts.sql",
+};
+
 pub(crate) const OUTBOX_RETRIES: Table = Table {
     name: "outbox_retries",
     migration: "0005_outbox_retries.sql",

@@ -75,11 +75,14 @@ pub struct ConsumerConfig {
     /// stream must capture the subject; the publish is acknowledged before the original is
     /// terminated.
     pub dead_letter: Option<String>,
-    /// How long dedupe rows are kept (`RetentionConfig::keep_dedupe`; default 14 days, the
-    /// same). When this consumer's durable is created again (deleted by an operator or with its
-    /// stream), it starts at messages stored since `now - keep_dedupe` instead of the whole
-    /// stream: older events may have lost their dedupe rows and would take effect twice.
-    /// `None` (dedupe rows never pruned) replays the whole stream.
+    /// How long dedupe rows are kept, when something other than
+    /// [`retention::prune_dedupe`](crate::retention::prune_dedupe) prunes them (default `None`).
+    /// When this consumer's durable is created again (deleted by an operator, or with its
+    /// stream), it starts at messages stored since the dedupe horizon instead of the whole
+    /// stream: older events may have lost their dedupe rows and would take effect twice. The
+    /// horizon is the newest cutoff `prune_dedupe` recorded (table `outbox_dedupe_horizon`),
+    /// or `now - keep_dedupe` if that is later. With neither, nothing was pruned, and the
+    /// whole stream is replayed safely.
     pub keep_dedupe: Option<Duration>,
     /// Format checking at decode (default [`FormatCheck::Lenient`]).
     pub formats: FormatCheck,
@@ -97,7 +100,7 @@ impl ConsumerConfig {
             retry_max: Duration::from_secs(60),
             undecodable: Undecodable::Terminate,
             dead_letter: None,
-            keep_dedupe: Some(Duration::from_secs(14 * 24 * 3600)),
+            keep_dedupe: None,
             formats: FormatCheck::Lenient,
         }
     }

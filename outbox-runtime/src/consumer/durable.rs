@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 
 use super::{Consumer, Handler};
 use crate::error::{Error, Result};
-use crate::table::CONSUMER_NAMES;
+use crate::table::{CONSUMER_NAMES, DEDUPE_HORIZON};
 use crate::OutboxEvent;
 
 /// What the registry says about this consumer's name.
@@ -32,8 +32,10 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     ///   counts attempts itself), pull mode. Otherwise an [`Error::Config`] names every
     ///   difference; nothing is changed on the server.
     /// - A durable created for the first time delivers the whole stream. One created again
-    ///   (this consumer had created it before) starts at messages stored since
-    ///   `now - keep_dedupe` (see [`ConsumerConfig::keep_dedupe`](super::ConsumerConfig::keep_dedupe)).
+    ///   (this consumer had one before) starts at messages stored since the dedupe horizon:
+    ///   the newest cutoff below which `retention::prune_dedupe` deleted dedupe rows, or
+    ///   `now - keep_dedupe` when [`ConsumerConfig::keep_dedupe`](super::ConsumerConfig::keep_dedupe)
+    ///   is set and later; the whole stream when neither exists.
     pub async fn durable(&self) -> Result<PullConsumer> {
         let registration = self.register().await?;
         let stream = self
@@ -85,23 +87,23 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         stream: &async_nats::jetstream::stream::Stream,
         registration: Registration,
     ) -> Result<PullConsumer> {
-        let deliver_policy = match (registration.created_before, self.config.keep_dedupe) {
-            (true, Some(keep)) => SystemTime::now()
-                .checked_sub(keep)
-                .map(|start| DeliverPolicy::ByStartTime {
-                    start_time: start.into(),
-                })
-                .unwrap_or(DeliverPolicy::All),
-            _ => DeliverPolicy::All,
+        let start = if registration.created_before {
+            self.dedupe_horizon().await?
+        } else {
+            None
+        };
+        let deliver_policy = match start {
+            Some(start) => DeliverPolicy::ByStartTime {
+                start_time: SystemTime::from(start).into(),
+            },
+            None => DeliverPolicy::All,
         };
         if registration.created_before {
-            let since = match &deliver_policy {
-                DeliverPolicy::ByStartTime { start_time } => start_time.to_string(),
-                _ => "the start of the stream".to_owned(),
-            };
+            let since =
+                start.map_or_else(|| "the start of the stream".to_owned(), |t| t.to_rfc3339());
             tracing::warn!(consumer = %self.name, stream = %self.config.stream, %since,
                 "the durable consumer is gone (deleted, or its stream was); creating it again, \
-                 from messages stored since the dedupe retention began");
+                 from messages stored since the dedupe horizon");
         }
         self.holds.clear();
         let config = pull::Config {
@@ -129,6 +131,23 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 Err(_) => Err(self.nats_error("creating the durable consumer", create_error)),
             },
         }
+    }
+
+    /// Where a durable created again starts: after the newest cutoff below which dedupe rows
+    /// were pruned (recorded by `retention::prune_dedupe`) and after `now - keep_dedupe` when
+    /// that is set; `None` when neither is (no dedupe row was ever pruned: replay it all).
+    async fn dedupe_horizon(&self) -> Result<Option<DateTime<Utc>>> {
+        let recorded: Option<DateTime<Utc>> =
+            sqlx::query_scalar("select pruned_before from outbox_dedupe_horizon")
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| DEDUPE_HORIZON.error(e))?;
+        let configured = self
+            .config
+            .keep_dedupe
+            .and_then(|keep| chrono::TimeDelta::from_std(keep).ok())
+            .and_then(|keep| Utc::now().checked_sub_signed(keep));
+        Ok(recorded.max(configured))
     }
 
     /// Every way `existing` differs from what this consumer needs, as one [`Error::Config`].

@@ -43,8 +43,9 @@
 //! difference is an error naming it), and creates a missing one. When the durable disappears
 //! while running (deleted by an operator, or with its stream), [`Consumer::run`] retries at a
 //! bounded rate (100 ms doubling to 5 s, one log line per try) and creates it again; a durable
-//! created again starts at the dedupe retention ([`ConsumerConfig::keep_dedupe`]) rather than
-//! at the start of the stream, so events whose dedupe rows were pruned are not applied twice.
+//! created again starts at the dedupe horizon (where [`crate::retention`] pruned dedupe rows,
+//! or [`ConsumerConfig::keep_dedupe`]) rather than at the start of the stream, so events whose
+//! dedupe rows were pruned are not applied twice.
 //! docs/consumers.md says how to reset a consumer.
 
 use std::future::Future;

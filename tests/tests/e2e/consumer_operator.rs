@@ -237,14 +237,25 @@ async fn two_consumer_types_under_one_name_are_refused_at_start() {
     );
 }
 
-#[tokio::test]
-async fn a_durable_created_again_after_the_dedupe_rows_were_pruned_applies_nothing_twice() {
+/// How the dedupe rows of the first five events disappear before the durable is reset.
+enum Pruned {
+    /// By retention, which records the horizon.
+    ByRetention,
+    /// By hand, outside the crate; `ConsumerConfig::keep_dedupe` bounds the replay.
+    ByHand,
+}
+
+/// Five events consumed, their dedupe rows pruned after `keep`, the durable deleted, two more
+/// events: the durable created again applies the two, not the five again.
+async fn reset_after_pruning(pruned: Pruned) {
     let s = setup(Duration::from_secs(60)).await;
     let name = "reset";
     let keep = Duration::from_secs(3);
     let consumer = || {
         let mut config = ConsumerConfig::new(name, STREAM);
-        config.keep_dedupe = Some(keep);
+        if matches!(pruned, Pruned::ByHand) {
+            config.keep_dedupe = Some(keep);
+        }
         config.retry_base = Duration::from_millis(50);
         config.ack_wait = Duration::from_secs(1);
         Consumer::new(s.db.pool.clone(), s.js.clone(), config, Record)
@@ -260,12 +271,19 @@ async fn a_durable_created_again_after_the_dedupe_rows_were_pruned_applies_nothi
     .await;
     drop(stop);
     task.await.expect("consumer task");
-    // Retention prunes the dedupe rows past `keep`; an operator resets the durable.
     tokio::time::sleep(keep + Duration::from_millis(500)).await;
-    let pruned = outbox_runtime::retention::prune_dedupe(&s.db.pool, keep, 100)
-        .await
-        .expect("prune");
-    assert_eq!(pruned, 5);
+    let deleted = match pruned {
+        Pruned::ByRetention => outbox_runtime::retention::prune_dedupe(&s.db.pool, keep, 100)
+            .await
+            .expect("prune"),
+        Pruned::ByHand => sqlx::query("delete from outbox_consumed")
+            .execute(&s.db.pool)
+            .await
+            .expect("delete")
+            .rows_affected(),
+    };
+    assert_eq!(deleted, 5);
+    // An operator resets the durable.
     s.js.get_stream(STREAM)
         .await
         .expect("stream")
@@ -291,6 +309,47 @@ async fn a_durable_created_again_after_the_dedupe_rows_were_pruned_applies_nothi
         (7, 7),
         "the five older events were not applied again"
     );
+}
+
+#[tokio::test]
+async fn a_durable_created_again_after_retention_pruned_the_dedupe_rows_applies_nothing_twice() {
+    reset_after_pruning(Pruned::ByRetention).await;
+}
+
+#[tokio::test]
+async fn a_durable_created_again_after_dedupe_rows_were_deleted_by_hand_starts_at_keep_dedupe() {
+    reset_after_pruning(Pruned::ByHand).await;
+}
+
+#[tokio::test]
+async fn a_durable_created_again_with_no_dedupe_row_ever_pruned_replays_the_stream_safely() {
+    let s = setup(Duration::from_secs(60)).await;
+    let name = "replay";
+    for n in 0..3 {
+        s.emit(n).await;
+    }
+    s.drain().await;
+    let (stop, task) = crate::consumer::spawn(s.consumer(name, Record));
+    eventually(Duration::from_secs(10), "three handled", || async {
+        s.effects().await.0 == 3
+    })
+    .await;
+    drop(stop);
+    task.await.expect("consumer task");
+    s.js.get_stream(STREAM)
+        .await
+        .expect("stream")
+        .delete_consumer(name)
+        .await
+        .expect("delete the durable");
+    let (stop, task) = crate::consumer::spawn(s.consumer(name, Record));
+    eventually(Duration::from_secs(10), "the stream replayed", || async {
+        counter("outbox_consumer_duplicates_total", name) == 3
+    })
+    .await;
+    drop(stop);
+    task.await.expect("consumer task");
+    assert_eq!(s.effects().await, (3, 3), "replayed as duplicates");
 }
 
 #[tokio::test]
