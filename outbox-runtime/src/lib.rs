@@ -42,7 +42,11 @@ pub use outbox_macros::OutboxEvent;
 ///   relay's mark writes each row's new version on the row's own page (a quarter less time per
 ///   mark; the table ends up no larger);
 /// - `0005_outbox_retries.sql`: the relay's retry schedule (`outbox_retries`), one row per
-///   subject whose oldest unpublished event failed or is held, shared by every relay.
+///   subject whose oldest unpublished event failed or is held, shared by every relay;
+/// - `0006_consumer_attempts.sql`: the consumers' own state: handler attempts (the give-up
+///   budget), the consumer names in use (one event type per name), per-subject positions in
+///   stream order, and the dedupe horizon retention records (see [`consumer`], [`order`] and
+///   [`retention`]).
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting).
@@ -52,7 +56,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 ///
 /// sqlx records migrations in one table, `_sqlx_migrations`, shared with the service's own
 /// `sqlx::migrate!` migrations. This tolerates the service's entries (it ignores versions it does
-/// not know), and the service's migrator must do the same for the outbox's five
+/// not know), and the service's migrator must do the same for the outbox's six
 /// (`set_ignore_missing(true)`); `sqlx migrate add` names files by timestamp, so the versions do
 /// not collide. If the service numbers its migrations 1, 2, 3, … they do collide and this
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder

@@ -67,11 +67,24 @@ pub const CONSUMER_HANDLED: &str = "outbox_consumer_handled_total";
 /// Counter: deliveries of an event id the consumer had already handled: acked, not handled.
 /// A rising rate means the relay or the consumer is struggling.
 pub const CONSUMER_DUPLICATES: &str = "outbox_consumer_duplicates_total";
-/// Counter: handler failures (each is rolled back and retried), labelled `consumer`.
+/// Counter: handler failures counted against `max_attempts` (each is rolled back and retried,
+/// or gives up), labelled `consumer`.
 pub const CONSUMER_FAILURES: &str = "outbox_consumer_failures_total";
-/// Counter: messages terminated after their last allowed delivery failed. Alert on any.
+/// Counter: messages terminated after their last allowed handler attempt failed (dead-lettered
+/// first when a dead-letter subject is set). Alert on any.
 pub const CONSUMER_GAVE_UP: &str = "outbox_consumer_gave_up_total";
 /// Counter: deliveries that were redeliveries (JetStream delivery count above 1).
 pub const CONSUMER_REDELIVERIES: &str = "outbox_consumer_redeliveries_total";
 /// Counter: messages that could not be decoded (not an envelope, wrong type, invalid payload).
 pub const CONSUMER_REJECTED: &str = "outbox_consumer_rejected_total";
+/// Counter: transient failures (a lost database connection, a serialization failure, a
+/// deadlock, a lock timeout, a [`Transient`](crate::consumer::Transient) handler error),
+/// labelled `consumer`: retried without counting an attempt. A sustained rate means the
+/// consumer's database is in trouble.
+pub const CONSUMER_TRANSIENT: &str = "outbox_consumer_transient_failures_total";
+/// Counter: deliveries held back (nak'd without handling) behind an earlier, failing event of
+/// the same subject, labelled `consumer`.
+pub const CONSUMER_HELD: &str = "outbox_consumer_held_total";
+/// Counter: dead letters published, labelled `consumer` and `kind` (`gave-up`,
+/// `undecodable`).
+pub const CONSUMER_DEAD_LETTERS: &str = "outbox_consumer_dead_letters_total";

@@ -16,11 +16,12 @@
 use std::future::Future;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::error::{Error, Result};
 use crate::metrics as m;
-use crate::table::{OUTBOX_CONSUMED, OUTBOX_EVENTS};
+use crate::table::{DEDUPE_HORIZON, OUTBOX_CONSUMED, OUTBOX_EVENTS};
 
 /// Retention settings (defaults: keep 7 days of published rows and 14 days of dedupe rows,
 /// delete 1,000 rows per statement, run every minute).
@@ -148,17 +149,42 @@ pub async fn count_prunable(pool: &PgPool, keep: Duration) -> Result<i64> {
 
 /// Deletes dedupe rows (`outbox_consumed`) older than `keep`, in batches. Returns how many.
 /// A `batch` below 1 is an [`Error::Config`], before any statement.
+///
+/// Before deleting, it records the cutoff in `outbox_dedupe_horizon` (migration `0006`): a
+/// consumer whose durable is created again starts at messages stored since the newest cutoff,
+/// so an event whose dedupe row is gone is not applied twice (see [`crate::consumer`]).
 pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
     check_batch(batch)?;
+    let cutoff: DateTime<Utc> = sqlx::query_scalar("select now() - $1::interval")
+        .bind(interval(keep))
+        .fetch_one(pool)
+        .await?;
+    let any: bool =
+        sqlx::query_scalar("select exists (select 1 from outbox_consumed where consumed_at < $1)")
+            .bind(cutoff)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| OUTBOX_CONSUMED.error(e))?;
+    if !any {
+        return Ok(0);
+    }
+    sqlx::query(
+        "insert into outbox_dedupe_horizon as h (pruned_before) values ($1) \
+         on conflict (id) do update set pruned_before = greatest(h.pruned_before, excluded.pruned_before)",
+    )
+    .bind(cutoff)
+    .execute(pool)
+    .await
+    .map_err(|e| DEDUPE_HORIZON.error(e))?;
     let mut total = 0;
     loop {
         let n = sqlx::query(
             "delete from outbox_consumed where (consumer, event_id) in ( \
                select consumer, event_id from outbox_consumed \
-                where consumed_at < now() - $1 \
+                where consumed_at < $1 \
                 order by consumed_at limit $2 for update skip locked)",
         )
-        .bind(interval(keep))
+        .bind(cutoff)
         .bind(batch)
         .execute(pool)
         .await

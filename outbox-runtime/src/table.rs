@@ -31,6 +31,26 @@ pub(crate) const SUBJECT_POSITIONS: Table = Table {
 };
 
 /// The relay's retry schedule.
+pub(crate) const CONSUMER_ATTEMPTS: Table = Table {
+    name: "outbox_consumer_attempts",
+    migration: "0006_consumer_attempts.sql",
+};
+
+pub(crate) const CONSUMER_NAMES: Table = Table {
+    name: "outbox_consumer_names",
+    migration: "0006_consumer_attempts.sql",
+};
+
+pub(crate) const SUBJECT_SEQUENCES: Table = Table {
+    name: "outbox_subject_sequences",
+    migration: "0006_consumer_attempts.sql",
+};
+
+pub(crate) const DEDUPE_HORIZON: Table = Table {
+    name: "outbox_dedupe_horizon",
+    migration: "0006_consumer_attempts.sql",
+};
+
 pub(crate) const OUTBOX_RETRIES: Table = Table {
     name: "outbox_retries",
     migration: "0005_outbox_retries.sql",

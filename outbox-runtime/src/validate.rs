@@ -20,8 +20,13 @@ impl std::fmt::Debug for Compiled {
 
 impl Compiled {
     pub(crate) fn new(event_type: &str, schema: &Value) -> Result<Self> {
+        Self::with_formats(event_type, schema, true)
+    }
+
+    /// A validator that asserts `format` keywords (`formats`) or treats them as annotations.
+    pub(crate) fn with_formats(event_type: &str, schema: &Value, formats: bool) -> Result<Self> {
         jsonschema::options()
-            .should_validate_formats(true)
+            .should_validate_formats(formats)
             .build(schema)
             .map(|v| Compiled(Arc::new(v)))
             .map_err(|e| Error::InvalidSchema {
@@ -51,17 +56,24 @@ impl Compiled {
     }
 }
 
-/// One validator per event type for the life of the process.
-fn cache() -> &'static RwLock<HashMap<&'static str, Compiled>> {
-    static CACHE: OnceLock<RwLock<HashMap<&'static str, Compiled>>> = OnceLock::new();
+/// One validator per event type (and format setting) for the life of the process.
+type Cache = RwLock<HashMap<(&'static str, bool), Compiled>>;
+
+fn cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 
 pub(crate) fn compiled_for<E: OutboxEvent>() -> Result<Compiled> {
+    compiled_with_formats::<E>(true)
+}
+
+/// The validator of `E`'s schema, asserting `format` keywords or not (`formats`).
+pub(crate) fn compiled_with_formats<E: OutboxEvent>(formats: bool) -> Result<Compiled> {
     if let Some(c) = cache()
         .read()
         .unwrap_or_else(|p| p.into_inner())
-        .get(E::EVENT_TYPE)
+        .get(&(E::EVENT_TYPE, formats))
     {
         return Ok(c.clone());
     }
@@ -69,11 +81,11 @@ pub(crate) fn compiled_for<E: OutboxEvent>() -> Result<Compiled> {
         event_type: E::EVENT_TYPE.to_owned(),
         reason: e.to_string(),
     })?;
-    let compiled = Compiled::new(E::EVENT_TYPE, &schema)?;
+    let compiled = Compiled::with_formats(E::EVENT_TYPE, &schema, formats)?;
     cache()
         .write()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(E::EVENT_TYPE, compiled.clone());
+        .insert((E::EVENT_TYPE, formats), compiled.clone());
     Ok(compiled)
 }
 

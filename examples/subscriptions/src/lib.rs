@@ -7,6 +7,7 @@
 //! - the relay runs as a worker task and publishes committed events to the `BILLING` stream;
 //! - a consumer of `billing.subscription.created` records a "welcome" intent idempotently (it
 //!   writes the intent in its own transaction; sending the email is another worker's job);
+//!   a message that gives up goes to `billing.deadletter.welcome`;
 //! - `GET /metrics` serves Prometheus metrics, `GET /healthz` answers when the database does;
 //! - SIGINT/SIGTERM stop it gracefully: requests drain, the relay finishes its batch.
 //!
@@ -33,6 +34,9 @@ use tokio_util::sync::CancellationToken;
 pub const STREAM: &str = "BILLING";
 /// The durable name of the welcome consumer (and its dedupe key).
 pub const WELCOME_CONSUMER: &str = "billing-welcome";
+/// Where the welcome consumer puts messages that gave up (captured by the `BILLING` stream's
+/// `billing.>`; docs/consumers.md says how to retry one).
+pub const WELCOME_DEAD_LETTER: &str = "billing.deadletter.welcome";
 
 /// What the service needs to start, from the environment.
 #[derive(Debug, Clone)]
@@ -147,12 +151,9 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     StreamSpec::new(STREAM, ["billing.>"]).ensure(&js).await?;
 
     let relay = Relay::new(pool.clone(), js.clone(), config.relay.clone()).await?;
-    let consumer = Consumer::new(
-        pool.clone(),
-        js.clone(),
-        ConsumerConfig::new(WELCOME_CONSUMER, STREAM),
-        welcome::RecordWelcome,
-    );
+    let mut welcome = ConsumerConfig::new(WELCOME_CONSUMER, STREAM);
+    welcome.dead_letter = Some(WELCOME_DEAD_LETTER.into());
+    let consumer = Consumer::new(pool.clone(), js.clone(), welcome, welcome::RecordWelcome);
     consumer.durable().await?;
 
     let metrics = prometheus();

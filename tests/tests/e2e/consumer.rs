@@ -12,7 +12,6 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use outbox_runtime::consumer::{
     decode, Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Outcome,
 };
-use outbox_runtime::order::Freshness;
 use outbox_runtime::{EmitExt, OutboxEvent, Relay, RelayConfig, StorageType, StreamSpec};
 use outbox_testkit::{connect_nats, eventually, NatsServer, TestDb};
 use serde::{Deserialize, Serialize};
@@ -25,17 +24,17 @@ use uuid::Uuid;
     source = "accounts",
     schema = "schemas/consumer/accounts.account.opened.schema.json"
 )]
-struct AccountOpened {
-    account_id: Uuid,
-    owner: String,
-    n: i64,
+pub(crate) struct AccountOpened {
+    pub(crate) account_id: Uuid,
+    pub(crate) owner: String,
+    pub(crate) n: i64,
 }
 
-const STREAM: &str = "ACCOUNTS";
+pub(crate) const STREAM: &str = "ACCOUNTS";
 
 /// The process-wide metrics recorder the assertions read (each test uses its own consumer
 /// name, so their counters do not mix).
-fn snapshotter() -> &'static Snapshotter {
+pub(crate) fn snapshotter() -> &'static Snapshotter {
     static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
     SNAPSHOTTER.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
@@ -47,7 +46,7 @@ fn snapshotter() -> &'static Snapshotter {
 
 /// The total of counter `name` for `consumer` so far. Snapshots drain the recorder's
 /// counters, so every snapshot is folded into running totals shared by all tests.
-fn counter(name: &str, consumer: &str) -> u64 {
+pub(crate) fn counter(name: &str, consumer: &str) -> u64 {
     static TOTALS: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
     let mut totals = TOTALS.get_or_init(Default::default).lock().expect("totals");
     for (key, _, _, value) in snapshotter().snapshot().into_vec() {
@@ -72,14 +71,14 @@ fn counter(name: &str, consumer: &str) -> u64 {
 }
 
 /// A private broker with the fixture's stream, and a migrated database with the handler's table.
-struct Setup {
-    db: TestDb,
+pub(crate) struct Setup {
+    pub(crate) db: TestDb,
     _nats: NatsServer,
-    js: async_nats::jetstream::Context,
-    relay: Relay,
+    pub(crate) js: async_nats::jetstream::Context,
+    pub(crate) relay: Relay,
 }
 
-async fn setup(duplicate_window: Duration) -> Setup {
+pub(crate) async fn setup(duplicate_window: Duration) -> Setup {
     snapshotter();
     let db = TestDb::new().await;
     sqlx::query("create table effects (event_id uuid not null, account_id uuid not null, n bigint not null)")
@@ -117,11 +116,16 @@ async fn setup(duplicate_window: Duration) -> Setup {
 }
 
 impl Setup {
-    async fn emit(&self, n: i64) -> Uuid {
+    pub(crate) async fn emit(&self, n: i64) -> Uuid {
+        self.emit_for(Uuid::now_v7(), n).await
+    }
+
+    /// Emits event `n` about `account_id` (the event's subject).
+    pub(crate) async fn emit_for(&self, account_id: Uuid, n: i64) -> Uuid {
         let mut tx = self.db.pool.begin().await.expect("begin");
         let id = tx
             .emit(AccountOpened {
-                account_id: Uuid::now_v7(),
+                account_id,
                 owner: format!("owner-{n}"),
                 n,
             })
@@ -132,7 +136,7 @@ impl Setup {
     }
 
     /// Runs the relay until the table has nothing left to publish.
-    async fn drain(&self) {
+    pub(crate) async fn drain(&self) {
         for _ in 0..1_000 {
             if self.db.unpublished().await == 0 {
                 return;
@@ -142,14 +146,14 @@ impl Setup {
         panic!("the relay did not drain the table");
     }
 
-    async fn effects(&self) -> (i64, i64) {
+    pub(crate) async fn effects(&self) -> (i64, i64) {
         sqlx::query_as("select count(*), count(distinct event_id) from effects")
             .fetch_one(&self.db.pool)
             .await
             .expect("count effects")
     }
 
-    fn consumer<H: Handler<AccountOpened>>(
+    pub(crate) fn consumer<H: Handler<AccountOpened>>(
         &self,
         name: &str,
         handler: H,
@@ -157,18 +161,18 @@ impl Setup {
         self.consumer_capped(
             name,
             handler,
-            ConsumerConfig::new(name, STREAM).max_deliveries,
+            ConsumerConfig::new(name, STREAM).max_attempts,
         )
     }
 
-    fn consumer_capped<H: Handler<AccountOpened>>(
+    pub(crate) fn consumer_capped<H: Handler<AccountOpened>>(
         &self,
         name: &str,
         handler: H,
-        max_deliveries: u64,
+        max_attempts: u32,
     ) -> Consumer<AccountOpened, H> {
         let mut config = ConsumerConfig::new(name, STREAM);
-        config.max_deliveries = max_deliveries;
+        config.max_attempts = max_attempts;
         config.retry_base = Duration::from_millis(50);
         config.retry_max = Duration::from_millis(200);
         config.ack_wait = Duration::from_secs(1);
@@ -177,7 +181,7 @@ impl Setup {
 }
 
 /// Records every handled event in `effects`.
-struct Record;
+pub(crate) struct Record;
 
 impl Handler<AccountOpened> for Record {
     async fn handle(
@@ -196,7 +200,7 @@ impl Handler<AccountOpened> for Record {
 }
 
 /// Runs `consumer` in the background until the returned sender is dropped or fires.
-fn spawn<H: Handler<AccountOpened>>(
+pub(crate) fn spawn<H: Handler<AccountOpened>>(
     consumer: Consumer<AccountOpened, H>,
 ) -> (
     tokio::sync::oneshot::Sender<()>,
@@ -301,9 +305,9 @@ async fn a_redelivery_after_a_lost_ack_is_acked_without_handling() {
 }
 
 /// Fails the first `fail` calls (after writing, so a rollback must undo the write).
-struct Flaky {
-    calls: Arc<AtomicU32>,
-    fail: u32,
+pub(crate) struct Flaky {
+    pub(crate) calls: Arc<AtomicU32>,
+    pub(crate) fail: u32,
 }
 
 impl Handler<AccountOpened> for Flaky {
@@ -376,7 +380,7 @@ async fn a_handler_that_always_fails_is_terminated_and_reported_after_the_cap() 
     assert_eq!(
         calls.load(Ordering::SeqCst),
         3,
-        "delivered exactly max_deliveries times"
+        "handled exactly max_attempts times"
     );
     assert_eq!(s.effects().await, (0, 0));
 }
@@ -521,50 +525,4 @@ async fn undecodable_messages_are_rejected_with_the_id_and_reason_and_the_consum
         Outcome::Handled
     );
     assert_eq!(s.effects().await, (1, 1));
-}
-
-#[tokio::test]
-async fn freshness_tells_a_handler_that_an_event_is_older_than_what_it_applied() {
-    let s = setup(Duration::from_secs(60)).await;
-    let consumer = s.consumer("projection", Record);
-    let mk = |secs: i64| {
-        let time = chrono::DateTime::from_timestamp(1_700_000_000 + secs, 0).expect("time");
-        let envelope = outbox_runtime::Envelope::new(
-            Uuid::now_v7(),
-            AccountOpened::EVENT_TYPE,
-            "accounts",
-            "acct-1",
-            time,
-            AccountOpened {
-                account_id: Uuid::now_v7(),
-                owner: "o".into(),
-                n: secs,
-            },
-        );
-        consumer.delivery(envelope, 1, 1, None)
-    };
-    let mut tx = s.db.pool.begin().await.expect("begin");
-    assert_eq!(
-        mk(10).freshness(&mut tx).await.expect("advance"),
-        Freshness::Fresh
-    );
-    assert_eq!(
-        mk(20).freshness(&mut tx).await.expect("advance"),
-        Freshness::Fresh
-    );
-    let stale = mk(15).freshness(&mut tx).await.expect("advance");
-    assert_eq!(
-        stale,
-        Freshness::Stale {
-            applied: chrono::DateTime::from_timestamp(1_700_000_020, 0).expect("time")
-        }
-    );
-    assert!(
-        mk(20).freshness(&mut tx).await.expect("advance").is_fresh(),
-        "equal times are fresh"
-    );
-    tx.rollback().await.expect("rollback");
-    // Rolled back with the handler's transaction: the position did not move.
-    let mut tx = s.db.pool.begin().await.expect("begin");
-    assert!(mk(1).freshness(&mut tx).await.expect("advance").is_fresh());
 }

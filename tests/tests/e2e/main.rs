@@ -8,6 +8,8 @@
 
 mod broker;
 mod consumer;
+mod consumer_operator;
+mod consumer_order;
 mod operations;
 mod relay_basic;
 mod relay_faults;

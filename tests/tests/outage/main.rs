@@ -4,6 +4,7 @@
 //! Postgres cluster), by their pid.
 
 mod cluster;
+mod consumer_pg_restart;
 mod operations;
 mod relay_crash;
 mod relay_listen;

@@ -1,0 +1,348 @@
+//! One message end to end: decode, hold, dedupe, handler, commit, then ack, nak or terminate.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::dead_letter::{self, Kind, Letter};
+use super::decode::{decode_with, Rejection};
+use super::retry::{count_attempt, forget_attempts, is_transient};
+use super::{Consumer, Delivery, Handler, Undecodable};
+use crate::error::{Error, Result};
+use crate::metrics as m;
+use crate::table::OUTBOX_CONSUMED;
+use crate::OutboxEvent;
+
+/// What happened to one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The handler ran and its transaction committed; the message was acked.
+    Handled,
+    /// The event id was already recorded: acked without calling the handler.
+    Duplicate,
+    /// The handler failed (attempt `attempt` of `max_attempts`); the message was nak'd to come
+    /// back after `delay`.
+    Retry {
+        /// The nak delay.
+        delay: Duration,
+        /// The handler's error.
+        error: String,
+        /// Handler failures of this event so far, this one included.
+        attempt: u32,
+    },
+    /// A transient failure (the database, or a [`Transient`](super::Transient) handler
+    /// error): nak'd to come back after `delay`, no attempt counted.
+    Transient {
+        /// The nak delay, also the consumer's pause before its next message.
+        delay: Duration,
+        /// What failed.
+        error: String,
+    },
+    /// An earlier event of the same subject waits for a retry at this consumer: nak'd
+    /// unhandled to come back after `delay`, no attempt counted.
+    Held {
+        /// The nak delay.
+        delay: Duration,
+        /// The stream sequence of the earlier event.
+        behind: u64,
+    },
+    /// The handler failed on the last allowed attempt: the message was dead-lettered (when a
+    /// subject is configured) and terminated.
+    GaveUp {
+        /// The handler's error.
+        error: String,
+        /// The dead-letter subject it was published to, if any.
+        dead_letter: Option<String>,
+    },
+    /// The message could not be decoded; handled by the [`Undecodable`] policy.
+    Rejected {
+        /// The event id, when the envelope had one.
+        event_id: Option<Uuid>,
+        /// Why it was rejected.
+        reason: String,
+    },
+}
+
+impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
+    /// Handles one message end to end (decode, hold, dedupe, handler, commit, ack) and says
+    /// what happened. [`Consumer::run`] calls it for every message. An `Err` means the
+    /// message could not be acked, nak'd or dead-lettered: it comes back after the ack wait.
+    pub async fn process(&self, message: jetstream::Message) -> Result<Outcome> {
+        let (delivered, stream_sequence) = message
+            .info()
+            .map(|i| (i.delivered.max(1) as u64, i.stream_sequence))
+            .unwrap_or((1, 0));
+        let traceparent = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("traceparent"))
+            .map(|v| v.as_str().to_owned());
+        let span = tracing::info_span!(
+            "outbox.consume",
+            consumer = %self.name,
+            event_type = E::EVENT_TYPE,
+            event_id = tracing::field::Empty,
+            delivered,
+            traceparent = traceparent.as_deref().unwrap_or(""),
+        );
+        if delivered > 1 {
+            metrics::counter!(m::CONSUMER_REDELIVERIES, "consumer" => self.name.to_string())
+                .increment(1);
+        }
+        let envelope = match decode_with::<E>(&message.payload, self.config.formats) {
+            Ok(envelope) => envelope,
+            Err(rejection) => return self.reject(&message, rejection).await,
+        };
+        span.record("event_id", tracing::field::display(envelope.id));
+        let delivery = self.delivery(envelope, delivered, stream_sequence, traceparent);
+        let subject = &delivery.envelope.subject;
+        let outcome = match self.holds.blocked(subject, stream_sequence) {
+            Some((behind, due)) => {
+                let delay = due.max(self.config.retry_base).min(self.config.retry_max);
+                Outcome::Held { delay, behind }
+            }
+            None => match self.apply(&delivery).instrument(span).await {
+                Ok(outcome) => outcome,
+                Err(e) => self.transient(e.to_string()),
+            },
+        };
+        self.settle(&message, &delivery, outcome).await
+    }
+
+    /// A transient failure's outcome: the delay grows with the consecutive ones.
+    fn transient(&self, error: String) -> Outcome {
+        let streak = self.transient_streak.fetch_add(1, Ordering::Relaxed) + 1;
+        Outcome::Transient {
+            delay: self.config.backoff(streak),
+            error,
+        }
+    }
+
+    /// How long a held entry outlives its expected return before it is forgotten.
+    fn hold_grace(&self) -> Duration {
+        self.config.ack_wait + self.config.retry_max
+    }
+
+    /// Acks, naks or terminates `message` as `outcome` says, with its metrics, log and hold.
+    async fn settle(
+        &self,
+        message: &jetstream::Message,
+        delivery: &Delivery<E>,
+        outcome: Outcome,
+    ) -> Result<Outcome> {
+        let labels = [("consumer", self.name.to_string())];
+        let (subject, sequence, id) = (
+            &delivery.envelope.subject,
+            delivery.stream_sequence,
+            delivery.id(),
+        );
+        match &outcome {
+            Outcome::Handled | Outcome::Duplicate => {
+                self.transient_streak.store(0, Ordering::Relaxed);
+                self.holds.release(subject, sequence);
+                // A lost ack only means a redelivery, which the dedupe row turns into a
+                // duplicate: no need to wait for the server to confirm it.
+                ack(message, AckKind::Ack).await?;
+                if outcome == Outcome::Handled {
+                    metrics::counter!(m::CONSUMER_HANDLED, &labels).increment(1);
+                } else {
+                    metrics::counter!(m::CONSUMER_DUPLICATES, &labels).increment(1);
+                    tracing::info!(consumer = %self.name, event_id = %id, "duplicate delivery acked, not handled");
+                }
+            }
+            Outcome::Retry {
+                delay,
+                error,
+                attempt,
+            } => {
+                self.holds
+                    .hold(subject, sequence, *delay, self.hold_grace());
+                ack(message, AckKind::Nak(Some(*delay))).await?;
+                metrics::counter!(m::CONSUMER_FAILURES, &labels).increment(1);
+                tracing::warn!(consumer = %self.name, event_id = %id, attempt, max_attempts = self.config.max_attempts,
+                    error = %error, ?delay, "handler failed; retrying (the subject's later events wait)");
+            }
+            Outcome::Transient { delay, error } => {
+                self.holds
+                    .hold(subject, sequence, *delay, self.hold_grace());
+                ack(message, AckKind::Nak(Some(*delay))).await?;
+                metrics::counter!(m::CONSUMER_TRANSIENT, &labels).increment(1);
+                tracing::warn!(consumer = %self.name, event_id = %id, error = %error, ?delay,
+                    "transient failure; retrying without counting an attempt");
+            }
+            Outcome::Held { delay, behind } => {
+                self.holds
+                    .hold(subject, sequence, *delay, self.hold_grace());
+                ack(message, AckKind::Nak(Some(*delay))).await?;
+                metrics::counter!(m::CONSUMER_HELD, &labels).increment(1);
+                tracing::debug!(consumer = %self.name, event_id = %id, behind, ?delay,
+                    "held behind an earlier event of its subject");
+            }
+            Outcome::GaveUp { error, dead_letter } => {
+                self.give_up(message, delivery, error, dead_letter.as_deref())
+                    .await?;
+            }
+            // Decoding happened before: a rejection never reaches here.
+            Outcome::Rejected { .. } => {}
+        }
+        Ok(outcome)
+    }
+
+    /// Dead-letters (when configured) and terminates a message that gave up.
+    async fn give_up(
+        &self,
+        message: &jetstream::Message,
+        delivery: &Delivery<E>,
+        error: &str,
+        dead_letter: Option<&str>,
+    ) -> Result<()> {
+        let id = delivery.id();
+        if let Some(subject) = dead_letter {
+            let letter = Letter {
+                kind: Kind::GaveUp,
+                consumer: &self.name,
+                original_id: id.to_string(),
+                reason: error,
+            };
+            self.send_dead_letter(message, subject, &letter).await?;
+        }
+        ack(message, AckKind::Term).await?;
+        self.holds
+            .release(&delivery.envelope.subject, delivery.stream_sequence);
+        let labels = [("consumer", self.name.to_string())];
+        metrics::counter!(m::CONSUMER_FAILURES, &labels).increment(1);
+        metrics::counter!(m::CONSUMER_GAVE_UP, &labels).increment(1);
+        tracing::error!(consumer = %self.name, event_id = %id, max_attempts = self.config.max_attempts,
+            error = %error, dead_letter = dead_letter.unwrap_or(""),
+            "handler failed on the last allowed attempt; message terminated (it stays in the stream)");
+        if let Ok(mut conn) = self.pool.acquire().await {
+            if let Err(e) = forget_attempts(&mut conn, &self.name, id).await {
+                tracing::warn!(consumer = %self.name, event_id = %id, error = %e, "cannot delete the attempts row");
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes `letter`; on failure naks `message` (it comes back and tries again).
+    async fn send_dead_letter(
+        &self,
+        message: &jetstream::Message,
+        subject: &str,
+        letter: &Letter<'_>,
+    ) -> Result<()> {
+        if let Err(e) = dead_letter::publish(&self.js, subject, message, letter).await {
+            ack(message, AckKind::Nak(Some(self.config.retry_max))).await?;
+            return Err(e);
+        }
+        metrics::counter!(m::CONSUMER_DEAD_LETTERS, "consumer" => self.name.to_string(),
+            "kind" => if letter.kind == Kind::GaveUp { "gave-up" } else { "undecodable" })
+        .increment(1);
+        Ok(())
+    }
+
+    /// The database half of [`Consumer::process`], without touching the message: in one
+    /// transaction, records the event id (a duplicate returns [`Outcome::Duplicate`] and writes
+    /// nothing), runs the handler, and commits on success. A handler failure is classified
+    /// ([`is_transient`]) and, unless transient, counted in `outbox_consumer_attempts`. An
+    /// `Err` is a failure of the consumer's own statements (never counted). For callers that
+    /// ack themselves.
+    pub async fn apply(&self, delivery: &Delivery<E>) -> Result<Outcome> {
+        let mut tx = self.pool.begin().await?;
+        let fresh = sqlx::query(
+            "insert into outbox_consumed (consumer, event_id) values ($1, $2) \
+             on conflict do nothing",
+        )
+        .bind(&*self.name)
+        .bind(delivery.id())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| OUTBOX_CONSUMED.error(e))?
+        .rows_affected()
+            == 1;
+        if !fresh {
+            tx.rollback().await?;
+            return Ok(Outcome::Duplicate);
+        }
+        match self.handler.handle(delivery, &mut tx).await {
+            Ok(()) => {
+                // Only a redelivery can have attempts recorded.
+                if delivery.delivered > 1 {
+                    forget_attempts(&mut tx, &self.name, delivery.id()).await?;
+                }
+                tx.commit().await?;
+                Ok(Outcome::Handled)
+            }
+            Err(error) => {
+                tx.rollback().await?;
+                let transient = is_transient(&*error);
+                let error = error.to_string();
+                if transient {
+                    return Ok(self.transient(error));
+                }
+                self.transient_streak.store(0, Ordering::Relaxed);
+                let attempt = count_attempt(&self.pool, &self.name, delivery.id(), &error).await?;
+                Ok(if attempt >= self.config.max_attempts {
+                    Outcome::GaveUp {
+                        error,
+                        dead_letter: self.config.dead_letter.clone(),
+                    }
+                } else {
+                    Outcome::Retry {
+                        delay: self.config.backoff(attempt),
+                        error,
+                        attempt,
+                    }
+                })
+            }
+        }
+    }
+
+    async fn reject(&self, message: &jetstream::Message, rejection: Rejection) -> Result<Outcome> {
+        let Rejection { event_id, reason } = rejection;
+        let id = event_id.map(|i| i.to_string()).unwrap_or_else(|| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .map(|v| v.as_str().to_owned())
+                .or_else(|| {
+                    message
+                        .info()
+                        .ok()
+                        .map(|i| format!("sequence-{}", i.stream_sequence))
+                })
+                .unwrap_or_else(|| "unknown".into())
+        });
+        tracing::error!(consumer = %self.name, event_id = %id, subject = %message.subject, reason = %reason,
+            "undecodable message rejected");
+        metrics::counter!(m::CONSUMER_REJECTED, "consumer" => self.name.to_string()).increment(1);
+        if let Undecodable::DeadLetter { subject } = &self.config.undecodable {
+            let letter = Letter {
+                kind: Kind::Undecodable,
+                consumer: &self.name,
+                original_id: id,
+                reason: &reason,
+            };
+            self.send_dead_letter(message, subject, &letter).await?;
+        }
+        ack(message, AckKind::Term).await?;
+        Ok(Outcome::Rejected { event_id, reason })
+    }
+}
+
+async fn ack(message: &jetstream::Message, kind: AckKind) -> Result<()> {
+    let action = match kind {
+        AckKind::Ack => "acking a message",
+        AckKind::Nak(_) => "nak-ing a message",
+        AckKind::Term => "terminating a message",
+        _ => "answering a message",
+    };
+    message
+        .ack_with(kind)
+        .await
+        .map_err(|e| Error::nats(action, e))
+}
