@@ -51,6 +51,11 @@ impl SubjectBackoff {
             .collect()
     }
 
+    /// Whether no subject is paused (or remembered).
+    pub(super) fn is_empty(&self) -> bool {
+        self.entries().is_empty()
+    }
+
     /// The earliest end of a pause still ahead of `now`.
     pub(super) fn next_end(&self, now: Instant) -> Option<Instant> {
         self.entries()

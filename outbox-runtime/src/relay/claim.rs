@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::time::Duration;
 
 use sqlx::postgres::PgRow;
 use sqlx::Row as _;
@@ -83,7 +82,7 @@ impl<'r> Claim<'r> {
             let start = settings(&mut tx, relay).await?;
             let now = Instant::now();
             floor.begin(start.xmin);
-            let paused = relay.pauses.excluded(now, Duration::from_secs(60));
+            let paused = relay.paused(now);
             if floor.wants_check(now) {
                 if let Some(below) =
                     below_floor(&mut tx, relay, lane, floor.position(), &paused).await?
@@ -176,7 +175,7 @@ impl<'r> Claim<'r> {
             tracing::warn!(
                 subjects = cut.len(),
                 first = %cut[0],
-                "outbox relay: every row this batch claimed waits behind an older row of its subject that another transaction holds (a lock taken outside the relay?); those subjects pause, the others go on"
+                "outbox relay: every row this batch claimed waits behind an older row of its subject that another transaction holds (another relay's batch that just committed, or a lock taken outside the relay); those subjects pause briefly, the others go on"
             );
         }
         self.rows.append(&mut rows);
@@ -346,9 +345,7 @@ impl<'r> Claim<'r> {
         let shared = self.shared_floor;
         let relay = self.relay;
         let effects = self.finish().await?;
-        relay
-            .pauses
-            .settle([], effects.pause.iter().map(String::as_str), Instant::now());
+        effects.pause(relay, Instant::now());
         if let Some(floor) = shared {
             let mut floor = floor.lock().await;
             for position in &effects.released {
@@ -363,6 +360,7 @@ impl<'r> Claim<'r> {
         self.publish().await;
         let settled = self.settled.take().unwrap_or_default();
         let effects = Effects::new(
+            self.relay,
             &self.rows,
             self.due,
             &settled,
@@ -380,6 +378,7 @@ impl<'r> Claim<'r> {
     /// claim, of this relay or another.
     pub(super) async fn release(self) -> Result<Effects> {
         let effects = Effects::new(
+            self.relay,
             &self.rows,
             0,
             &Settled::default(),

@@ -57,10 +57,14 @@ use crate::table::OUTBOX_RETRIES;
 /// so that they do not collide with the application's own advisory locks.
 pub const LOCK_NAMESPACE: i32 = 0x6f62_7872;
 
-/// How long a relay first leaves out a subject it could not attempt or had to cut; it doubles
-/// while that goes on, up to [`PAUSE_MAX`].
+/// How long a relay first leaves out a subject it could not attempt (the broker could not take
+/// it); it doubles while that goes on, up to [`PAUSE_MAX`], and a publish of the subject ends it.
 const PAUSE_BASE: Duration = Duration::from_millis(250);
 const PAUSE_MAX: Duration = Duration::from_secs(10);
+/// How long a relay leaves out a subject it had to cut at an older row another transaction
+/// holds: a fixed short pause, since the holder is usually another relay's batch that commits
+/// within milliseconds (a doubling pause stalled four relays sharing a backlog).
+const CUT_PAUSE: Duration = Duration::from_millis(100);
 
 /// A held row, as [`Relay::held`] lists it: it cannot be published as it is, and the later
 /// events of its subject wait behind it until an operator releases it (`outbox unblock`).
@@ -101,8 +105,10 @@ pub struct Relay {
     pool: PgPool,
     jetstream: jetstream::Context,
     config: RelayConfig,
-    /// Subjects this relay leaves out for a few seconds: not attempted, or cut at a hole.
+    /// Subjects this relay leaves out for a few seconds: not attempted ([`PAUSE_BASE`]
+    /// doubling), or cut at a hole ([`CUT_PAUSE`]).
     pauses: backoff::SubjectBackoff,
+    cut_pauses: backoff::SubjectBackoff,
     streams: streams::Streams,
     counters: stats::Counters,
     sharing: lanes::Sharing,
@@ -198,6 +204,7 @@ impl Relay {
             pool,
             jetstream,
             pauses: backoff::SubjectBackoff::new(PAUSE_BASE, PAUSE_MAX),
+            cut_pauses: backoff::SubjectBackoff::new(CUT_PAUSE, CUT_PAUSE),
             streams: streams::Streams::default(),
             counters: stats::Counters::default(),
             sharing: lanes::Sharing::default(),
@@ -209,6 +216,15 @@ impl Relay {
     /// The relay's configuration.
     pub fn config(&self) -> &RelayConfig {
         &self.config
+    }
+
+    /// The subjects this relay's claims leave out at `now`: paused after not being attempted,
+    /// or cut (pauses that ended over a minute ago are forgotten).
+    fn paused(&self, now: tokio::time::Instant) -> Vec<String> {
+        let forget = Duration::from_secs(60);
+        let mut paused = self.pauses.excluded(now, forget);
+        paused.extend(self.cut_pauses.excluded(now, forget));
+        paused
     }
 
     /// Totals since the relay was created.

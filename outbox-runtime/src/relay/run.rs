@@ -175,7 +175,8 @@ impl Relay {
                 if let Some(retry) = next_retry {
                     until = until.min(now + retry.max(MIN_RETRY_WAIT));
                 }
-                if let Some(end) = self.pauses.next_end(now) {
+                let ends = [self.pauses.next_end(now), self.cut_pauses.next_end(now)];
+                if let Some(end) = ends.into_iter().flatten().min() {
                     until = until.min(end);
                 }
                 (until, true)
@@ -217,8 +218,7 @@ impl Relay {
             self.run_lane_once(this_lane, floor).await?
         };
         let now = Instant::now();
-        self.pauses
-            .settle([], effects.pause.iter().map(String::as_str), now);
+        effects.pause(self, now);
         for position in &effects.released {
             floor.pull_back(*position);
         }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::claim::{ctids, subjects};
@@ -24,15 +25,20 @@ pub(super) struct Effects {
     pub(super) report: BatchReport,
     /// Parked heads that were published: their subjects' later rows may be behind the floor.
     pub(super) released: Vec<Position>,
-    /// Subjects to leave out for a while: not attempted (an election, the connection), or cut
-    /// at a row another transaction holds.
-    pub(super) pause: Vec<String>,
+    /// Subjects not attempted (an election, the connection): left out for a while, longer
+    /// each time.
+    pub(super) not_attempted: Vec<String>,
+    /// Subjects cut at a row another transaction holds: left out briefly.
+    pub(super) cut: Vec<String>,
+    /// Subjects published, when this relay has paused subjects (their pauses end).
+    pub(super) published: Vec<String>,
     /// Seconds until the earliest retry is due, on the database's clock.
     pub(super) next_retry: Option<f64>,
 }
 
 impl Effects {
     pub(super) fn new(
+        relay: &Relay,
         rows: &[Row],
         due: usize,
         settled: &Settled,
@@ -46,18 +52,34 @@ impl Effects {
             .filter(|&&i| i < due)
             .map(|&i| rows[i].position)
             .collect();
-        let mut pause = cut;
-        pause.extend(
-            subjects(rows, settled.not_attempted.iter().map(|(i, _)| *i))
-                .into_iter()
-                .map(str::to_owned),
-        );
+        let owned = |indices: Vec<&str>| indices.into_iter().map(str::to_owned).collect();
+        let not_attempted = owned(subjects(
+            rows,
+            settled.not_attempted.iter().map(|(i, _)| *i),
+        ));
+        let published = if relay.pauses.is_empty() && relay.cut_pauses.is_empty() {
+            Vec::new()
+        } else {
+            owned(subjects(rows, settled.acked.iter().copied()))
+        };
         Effects {
             report,
             released,
-            pause,
+            not_attempted,
+            cut,
+            published,
             next_retry,
         }
+    }
+
+    /// Pauses, in `relay`, the subjects this batch could not take, and ends the pauses of
+    /// those it published.
+    pub(super) fn pause(&self, relay: &Relay, now: Instant) {
+        let published = || self.published.iter().map(String::as_str);
+        let not_attempted = self.not_attempted.iter().map(String::as_str);
+        relay.pauses.settle(published(), not_attempted, now);
+        let cut = self.cut.iter().map(String::as_str);
+        relay.cut_pauses.settle(published(), cut, now);
     }
 }
 
