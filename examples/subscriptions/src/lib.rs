@@ -184,9 +184,15 @@ fn prometheus() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
         std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .ok()
+            use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+            // histograms with buckets, so that they aggregate across replicas
+            let mut builder = PrometheusBuilder::new();
+            for (name, buckets) in outbox_runtime::metrics::histogram_buckets() {
+                builder = builder
+                    .set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets)
+                    .ok()?;
+            }
+            builder.install_recorder().ok()
         })
         .clone()
 }
