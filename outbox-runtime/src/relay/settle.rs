@@ -174,8 +174,6 @@ pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &Ba
     for (i, failure) in &settled.failed {
         let row = &rows[*i];
         metrics::counter!(names::PUBLISH_FAILURES, "event_type" => type_of(*i), "reason" => failure.reason()).increment(1);
-        if std::env::var_os("OUTBOX_DEBUG_FAILURES").is_some() {
-        }
         if row.attempts + 1 >= max_attempts {
             metrics::counter!(names::AT_CAP, "event_type" => type_of(*i)).increment(1);
             tracing::error!(id = %row.id, subject = %row.subject, attempts = row.attempts + 1, reason = failure.reason(), error = %failure,
