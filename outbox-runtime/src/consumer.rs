@@ -300,6 +300,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     /// Transient NATS errors (a broker restart) are logged and the subscription is re-made
     /// with a capped backoff; database errors nak the message so it is retried.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        crate::metrics::register_consumer(&self.name);
         let consumer = self.durable().await?;
         tokio::pin!(shutdown);
         let mut pause = Duration::from_millis(100);

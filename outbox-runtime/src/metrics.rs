@@ -80,6 +80,29 @@ pub const CONSUMER_REDELIVERIES: &str = "outbox_consumer_redeliveries_total";
 /// Counter: messages that could not be decoded (not an envelope, wrong type, invalid payload).
 pub const CONSUMER_REJECTED: &str = "outbox_consumer_rejected_total";
 
+/// Registers the relay's unlabelled counters at 0. A Prometheus exporter renders a counter
+/// only once it exists, and `increase` misses the first increment of a series that appears:
+/// a counter alerted on exists from the start.
+pub(crate) fn register_relay() {
+    for name in [CUT_BATCHES, DUPLICATES] {
+        metrics::counter!(name).increment(0);
+    }
+}
+
+/// Registers `consumer`'s counters at 0 (see [`register_relay`]).
+pub(crate) fn register_consumer(consumer: &str) {
+    for name in [
+        CONSUMER_HANDLED,
+        CONSUMER_DUPLICATES,
+        CONSUMER_FAILURES,
+        CONSUMER_GAVE_UP,
+        CONSUMER_REDELIVERIES,
+        CONSUMER_REJECTED,
+    ] {
+        metrics::counter!(name, "consumer" => consumer.to_owned()).increment(0);
+    }
+}
+
 /// Upper bounds of the latency buckets, in seconds: 0.5 ms to 60 s.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

@@ -7,6 +7,7 @@
 //! - the relay runs as a worker task and publishes committed events to the `BILLING` stream;
 //! - a consumer of `billing.subscription.created` records a "welcome" intent idempotently (it
 //!   writes the intent in its own transaction; sending the email is another worker's job);
+//! - retention deletes published events and dedupe rows past their keep (7 and 14 days);
 //! - `GET /metrics` serves Prometheus metrics, `GET /healthz` answers when the database does;
 //! - SIGINT/SIGTERM stop it gracefully: requests drain, the relay finishes its batch.
 //!
@@ -21,6 +22,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use outbox_runtime::consumer::{Consumer, ConsumerConfig};
+use outbox_runtime::retention::{Retention, RetentionConfig};
 use outbox_runtime::{Relay, RelayConfig, StreamSpec};
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
@@ -150,6 +152,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         welcome::RecordWelcome,
     );
     consumer.durable().await?;
+    let retention = Retention::new(pool.clone(), RetentionConfig::default())?;
 
     let metrics = prometheus();
     let app = api::router(api::AppState { pool, metrics });
@@ -163,10 +166,11 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         tokio::spawn(async move {
             let http =
                 axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
-            let (http, relay, consumer) = tokio::join!(
+            let (http, relay, consumer, ()) = tokio::join!(
                 std::future::IntoFuture::into_future(http),
                 relay.run(stop.clone().cancelled_owned()),
                 consumer.run(stop.clone().cancelled_owned()),
+                retention.run(stop.clone().cancelled_owned()),
             );
             http?;
             relay?;
