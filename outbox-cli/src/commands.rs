@@ -677,7 +677,7 @@ async fn relay(args: RelayArgs) -> Result<ExitCode> {
         ..RelayConfig::default()
     };
     if let Some(addr) = args.metrics_addr {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
+        prometheus_builder()?
             .with_http_listener(addr)
             .install()
             .map_err(|e| CliError::msg(format!("cannot serve metrics on {addr}: {e}")))?;
@@ -699,6 +699,20 @@ async fn relay(args: RelayArgs) -> Result<ExitCode> {
     eprintln!();
     tracing::info!("relay stopped cleanly");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A Prometheus exporter with the buckets of every histogram the runtime records
+/// (`outbox_runtime::metrics::histogram_buckets`), so that they are exported as histograms
+/// rather than summaries.
+fn prometheus_builder() -> Result<metrics_exporter_prometheus::PrometheusBuilder> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let mut builder = PrometheusBuilder::new();
+    for (name, buckets) in outbox_runtime::metrics::histogram_buckets() {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets)
+            .map_err(|e| CliError::msg(format!("buckets of {name}: {e}")))?;
+    }
+    Ok(builder)
 }
 
 /// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the

@@ -447,6 +447,34 @@ async fn relay_drains_a_backlog_stops_on_sigterm_with_nothing_half_done_and_resu
         )),
         "the counter is labelled with the event type:\n{scraped}"
     );
+    // histograms are exported with their buckets (a summary has none), so that
+    // histogram_quantile works on them and they aggregate across replicas
+    for (name, buckets) in outbox_runtime::metrics::histogram_buckets() {
+        let lines: Vec<&str> = scraped
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket{{")) && l.contains("le=\""))
+            .collect();
+        assert!(
+            lines.len() > buckets.len(),
+            "histogram `{name}` has {} bucket lines, expected its {} bounds and +Inf:\n{scraped}",
+            lines.len(),
+            buckets.len()
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("le=\"+Inf\"")),
+            "histogram `{name}` has no +Inf bucket:\n{scraped}"
+        );
+        assert!(
+            !scraped.contains(&format!("{name}{{quantile=")),
+            "histogram `{name}` is exported as a summary:\n{scraped}"
+        );
+    }
+    assert!(
+        scraped.lines().any(|l| l.starts_with(&format!(
+            "outbox_publish_lag_seconds_bucket{{event_type=\"{event_type}\","
+        ))),
+        "the publish lag is labelled with the event type:\n{scraped}"
+    );
     // the backlog gauges come from the relay itself, refreshed while it runs
     for gauge in [
         "outbox_unpublished ",

@@ -1,5 +1,9 @@
 //! Names of the metrics this crate records through the [`metrics`](https://docs.rs/metrics)
 //! facade. Install any exporter (Prometheus, StatsD, ...) to collect them.
+//!
+//! Histograms need buckets to be aggregated across replicas (a Prometheus exporter without
+//! them renders summaries, which `histogram_quantile` cannot read): [`histogram_buckets`] gives
+//! the buckets of every histogram recorded here, for the exporter you install.
 
 /// Counter: events inserted by `emit`, labelled `event_type`.
 pub const EMITTED: &str = "outbox_events_emitted_total";
@@ -41,7 +45,7 @@ pub const LISTENING: &str = "outbox_relay_listening";
 /// Histogram: rows claimed per committed relay batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 /// Histogram: seconds from a row's `created_at` to its publish ack (commit-to-ack lag, plus
-/// the transaction's own duration).
+/// the transaction's own duration), labelled `event_type`.
 pub const PUBLISH_LAG: &str = "outbox_publish_lag_seconds";
 /// Counter: rows that reached the attempt cap; the relay leaves them alone and holds their
 /// subject until an operator resets `attempts`. Labelled `event_type`.
@@ -88,3 +92,133 @@ pub const CONSUMER_HELD: &str = "outbox_consumer_held_total";
 /// Counter: dead letters published, labelled `consumer` and `kind` (`gave-up`,
 /// `undecodable`).
 pub const CONSUMER_DEAD_LETTERS: &str = "outbox_consumer_dead_letters_total";
+
+/// Registers the relay's unlabelled counters at 0. A Prometheus exporter renders a counter
+/// only once it exists, and `increase` misses the first increment of a series that appears:
+/// a counter alerted on exists from the start.
+pub(crate) fn register_relay() {
+    for name in [CUT_BATCHES, DUPLICATES] {
+        metrics::counter!(name).increment(0);
+    }
+}
+
+/// Registers `consumer`'s counters at 0 (see [`register_relay`]).
+pub(crate) fn register_consumer(consumer: &str) {
+    for name in [
+        CONSUMER_HANDLED,
+        CONSUMER_DUPLICATES,
+        CONSUMER_FAILURES,
+        CONSUMER_GAVE_UP,
+        CONSUMER_REDELIVERIES,
+        CONSUMER_REJECTED,
+        CONSUMER_TRANSIENT,
+        CONSUMER_HELD,
+    ] {
+        metrics::counter!(name, "consumer" => consumer.to_owned()).increment(0);
+    }
+}
+
+/// Upper bounds of the latency buckets, in seconds: 0.5 ms to 60 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+/// Upper bounds of the batch-size buckets: 1 row to the largest batch a relay takes (10,000).
+const BATCH_SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
+
+/// Every histogram this crate records, with the upper bounds of its buckets (ascending;
+/// the exporter adds `+Inf`): [`PUBLISH_LAG`] from 0.5 ms to 60 s, [`BATCH_SIZE`] from 1 row to
+/// the largest batch a relay takes (10,000). Give them to the exporter you install, e.g. with
+/// metrics-exporter-prometheus:
+///
+/// ```ignore
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+///
+/// let mut builder = PrometheusBuilder::new();
+/// for (name, buckets) in outbox_runtime::metrics::histogram_buckets() {
+///     builder = builder.set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)?;
+/// }
+/// ```
+pub fn histogram_buckets() -> &'static [(&'static str, &'static [f64])] {
+    &[
+        (PUBLISH_LAG, LATENCY_BUCKETS),
+        (BATCH_SIZE, BATCH_SIZE_BUCKETS),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_ascend_and_the_batch_buckets_reach_the_largest_batch() {
+        for (name, buckets) in histogram_buckets() {
+            assert!(!buckets.is_empty(), "{name} has no buckets");
+            assert!(
+                buckets.windows(2).all(|w| w[0] < w[1]),
+                "{name}'s buckets do not ascend: {buckets:?}"
+            );
+        }
+        assert_eq!(LATENCY_BUCKETS.first(), Some(&0.0005));
+        assert_eq!(LATENCY_BUCKETS.last(), Some(&60.0));
+        let largest = crate::RelayConfig {
+            batch_size: 10_000,
+            ..Default::default()
+        };
+        assert!(largest.validate().is_ok());
+        let over = crate::RelayConfig {
+            batch_size: 10_001,
+            ..Default::default()
+        };
+        assert!(
+            over.validate().is_err(),
+            "the relay takes larger batches than the batch-size buckets reach"
+        );
+        assert_eq!(BATCH_SIZE_BUCKETS.last(), Some(&10_000.0));
+    }
+
+    /// Every `histogram!` in this crate's source names a constant that has buckets.
+    #[test]
+    fn every_recorded_histogram_has_buckets() {
+        let mut found = 0;
+        let mut dirs = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src"
+        ))];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read the source folder") {
+                let path = entry.expect("a source entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                if path.ends_with("metrics.rs") {
+                    continue; // this file: its test names the macro
+                }
+                let text = std::fs::read_to_string(&path).expect("read a source file");
+                for call in text.split("histogram!(names::").skip(1) {
+                    let constant: String = call
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                        .collect();
+                    let name = match constant.as_str() {
+                        "PUBLISH_LAG" => PUBLISH_LAG,
+                        "BATCH_SIZE" => BATCH_SIZE,
+                        other => panic!(
+                            "{}: histogram `{other}` is not in histogram_buckets() (add it there and here)",
+                            path.display()
+                        ),
+                    };
+                    assert!(histogram_buckets().iter().any(|(n, _)| *n == name));
+                    found += 1;
+                }
+            }
+        }
+        assert!(
+            found >= 2,
+            "found {found} histogram! calls; the scan reads the wrong files"
+        );
+    }
+}

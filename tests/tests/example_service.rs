@@ -1,7 +1,10 @@
 //! The example service end to end over HTTP, against a real Postgres and a private
 //! nats-server: the contract's sequence diagram (request, transaction, 201, relay, stream,
-//! consumer), a request that rolls back publishing nothing, and bad requests answered 4xx.
+//! consumer), a request that rolls back publishing nothing, and bad requests answered 4xx;
+//! and the operations files (ops/) use only metric names the running service exports.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::Duration;
 
 use outbox_testkit::{connect_nats, eventually, read_stream, NatsServer, TestDb};
@@ -314,5 +317,191 @@ async fn bad_requests_get_a_json_4xx_and_write_nothing() {
         0,
         "no rejected request left an event behind"
     );
+    s.stop().await;
+}
+
+/// The metric names the alerting rules (their `expr`s) and the dashboard (its queries) use, with
+/// `_bucket`, `_sum` and `_count` stripped, each with the `le` bounds it names (`name_bucket{le=..}`).
+fn ops_metric_names() -> BTreeMap<String, BTreeSet<String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let rules_path = root.join("ops/prometheus/outbox-rules.yml");
+    let rules = std::fs::read_to_string(&rules_path).expect("read ops/prometheus/outbox-rules.yml");
+    let mut exprs: Vec<String> = Vec::new();
+    for line in rules.lines() {
+        if let Some(expr) = line.trim_start().strip_prefix("expr:") {
+            let expr = expr.trim();
+            assert!(
+                !expr.is_empty() && !expr.starts_with('|') && !expr.starts_with('>'),
+                "{}: write each expr on one line, so that this check reads it: {line}",
+                rules_path.display()
+            );
+            exprs.push(expr.to_owned());
+        }
+    }
+    let rule_count = rules.matches("- alert:").count();
+    assert_eq!(
+        exprs.len(),
+        rule_count,
+        "one expr per alert in {}",
+        rules_path.display()
+    );
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("ops/grafana/outbox.json"))
+            .expect("read ops/grafana/outbox.json"),
+    )
+    .expect("the dashboard is JSON");
+    fn queries(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    match (k.as_str(), v) {
+                        ("expr", Value::String(e)) => out.push(e.clone()),
+                        _ => queries(v, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| queries(v, out)),
+            _ => {}
+        }
+    }
+    let before = exprs.len();
+    queries(&dashboard, &mut exprs);
+    assert!(exprs.len() > before, "the dashboard has no queries");
+
+    let mut names: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for expr in &exprs {
+        // label values are not metric names: blank what is between quotes, keeping offsets
+        let mut quoted = false;
+        let blanked: String = expr
+            .chars()
+            .map(|c| {
+                if c == '"' {
+                    quoted = !quoted;
+                    c
+                } else if quoted || !c.is_ascii() {
+                    ' '
+                } else {
+                    c
+                }
+            })
+            .collect();
+        assert_eq!(blanked.len(), expr.len(), "{expr}");
+        let mut from = 0;
+        while let Some(at) = blanked[from..].find("outbox_") {
+            let start = from + at;
+            let end = blanked[start..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(blanked.len(), |e| start + e);
+            let name = &expr[start..end];
+            let after = &expr[end..];
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            let bounds = names.entry(base.to_owned()).or_default();
+            if name.ends_with("_bucket") {
+                if let Some(le) = after
+                    .strip_prefix("{le=\"")
+                    .and_then(|v| v.split('"').next())
+                {
+                    bounds.insert(le.to_owned());
+                }
+            }
+            from = end;
+        }
+    }
+    names
+}
+
+/// Metric families in Prometheus text: base name (as in `# TYPE`) to kind, plus every sample's
+/// name (kind "sample"), and the bucket lines.
+fn exported(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(ty) = line.strip_prefix("# TYPE ") {
+            let mut parts = ty.split_whitespace();
+            if let (Some(name), Some(kind)) = (parts.next(), parts.next()) {
+                out.insert(name.to_owned(), kind.to_owned());
+            }
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            out.entry(name.to_owned())
+                .or_insert_with(|| "sample".to_owned());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ops_rules_and_dashboard_use_only_metrics_a_running_service_exports() {
+    let used = ops_metric_names();
+    assert!(
+        used.len() >= 15,
+        "the ops files name only {} metrics; the scan misreads them: {used:?}",
+        used.len()
+    );
+    let s = start().await;
+    // One event through the relay and the consumer.
+    let (status, created) = s
+        .post(
+            "/v1/subscriptions",
+            json!({ "customer_id": Uuid::now_v7(), "plan": "pro", "seats": 1 }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["subscription_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    eventually(
+        Duration::from_secs(15),
+        "the welcome intent is recorded",
+        || async {
+            s.get(&format!("/v1/subscriptions/{id}")).await.1["welcome_intent_event_id"]
+                == created["event_id"]
+        },
+    )
+    .await;
+
+    // Some metrics appear a moment after the event (the stream's check); give them 20 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let (missing, text, families) = loop {
+        let text = s
+            .http
+            .get(format!("{}/metrics", s.base))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("the metrics text");
+        let families = exported(&text);
+        let missing: Vec<&String> = used.keys().filter(|n| !families.contains_key(*n)).collect();
+        if missing.is_empty() || tokio::time::Instant::now() > deadline {
+            break (missing, text, families);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        missing.is_empty(),
+        "ops/ uses metrics the service does not export: {missing:?}\n/metrics:\n{text}"
+    );
+    for (name, bounds) in &used {
+        if families.contains_key(&format!("{name}_bucket")) || !bounds.is_empty() {
+            assert_eq!(
+                families.get(name).map(String::as_str),
+                Some("histogram"),
+                "ops/ reads `{name}` as a histogram:\n{text}"
+            );
+        }
+        for le in bounds {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{name}_bucket{{"))
+                        && l.contains(&format!("le=\"{le}\""))),
+                "ops/ reads the bucket le=\"{le}\" of `{name}`, which is not exported:\n{text}"
+            );
+        }
+    }
     s.stop().await;
 }

@@ -8,6 +8,7 @@
 //! - a consumer of `billing.subscription.created` records a "welcome" intent idempotently (it
 //!   writes the intent in its own transaction; sending the email is another worker's job);
 //!   a message that gives up goes to `billing.deadletter.welcome`;
+//! - retention deletes published events and dedupe rows past their keep (7 and 14 days);
 //! - `GET /metrics` serves Prometheus metrics, `GET /healthz` answers when the database does;
 //! - SIGINT/SIGTERM stop it gracefully: requests drain, the relay finishes its batch.
 //!
@@ -26,6 +27,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use outbox_runtime::consumer::{Consumer, ConsumerConfig};
+use outbox_runtime::retention::{Retention, RetentionConfig};
 use outbox_runtime::{Relay, RelayConfig, StreamSpec};
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
@@ -155,6 +157,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     welcome.dead_letter = Some(WELCOME_DEAD_LETTER.into());
     let consumer = Consumer::new(pool.clone(), js.clone(), welcome, welcome::RecordWelcome);
     consumer.durable().await?;
+    let retention = Retention::new(pool.clone(), RetentionConfig::default())?;
 
     let metrics = prometheus();
     let app = api::router(api::AppState { pool, metrics });
@@ -168,10 +171,11 @@ pub async fn start(config: Config) -> Result<Running, Error> {
         tokio::spawn(async move {
             let http =
                 axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
-            let (http, relay, consumer) = tokio::join!(
+            let (http, relay, consumer, ()) = tokio::join!(
                 std::future::IntoFuture::into_future(http),
                 relay.run(stop.clone().cancelled_owned()),
                 consumer.run(stop.clone().cancelled_owned()),
+                retention.run(stop.clone().cancelled_owned()),
             );
             http?;
             relay?;
@@ -189,9 +193,15 @@ fn prometheus() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
         std::sync::OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
-                .ok()
+            use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+            // histograms with buckets, so that they aggregate across replicas
+            let mut builder = PrometheusBuilder::new();
+            for (name, buckets) in outbox_runtime::metrics::histogram_buckets() {
+                builder = builder
+                    .set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets)
+                    .ok()?;
+            }
+            builder.install_recorder().ok()
         })
         .clone()
 }

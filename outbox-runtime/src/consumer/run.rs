@@ -37,6 +37,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     /// Transient database errors pause the loop too (the pause grows while they last), so an
     /// outage of the consumer's database does not spin through the pending messages.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        crate::metrics::register_consumer(&self.name);
         let mut durable = Some(self.durable().await?);
         tokio::pin!(shutdown);
         let mut pause = PAUSE_MIN;

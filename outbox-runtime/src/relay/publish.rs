@@ -165,7 +165,12 @@ impl<'a> Run<'a> {
         }
         if let super::position::Stamp::At(created) = self.rows[i].position.at {
             let lag = (Utc::now() - created).to_std().unwrap_or_default();
-            metrics::histogram!(names::PUBLISH_LAG).record(lag.as_secs_f64());
+            let event_type = match &self.rows[i].event {
+                Ok(e) => e.event_type.clone(),
+                Err(_) => String::new(),
+            };
+            metrics::histogram!(names::PUBLISH_LAG, "event_type" => event_type)
+                .record(lag.as_secs_f64());
         }
         // the subject's next event goes out only now that this one is stored
         self.chains.acked(i);

@@ -52,6 +52,7 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        crate::metrics::register_relay();
         let signals = Signals {
             commits: watch::channel(()).0,
             releases: watch::channel(()).0,

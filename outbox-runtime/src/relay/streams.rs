@@ -229,7 +229,7 @@ impl Streams {
     /// it has a single replica.
     async fn check_stream(&self, jetstream: &jetstream::Context, name: &str, horizon: Duration) {
         let info = match jetstream.get_stream(name).await {
-            Ok(mut stream) => stream.info().await.map(|i| i.clone()),
+            Ok(mut stream) => stream.info().await.cloned(),
             Err(e) => {
                 tracing::debug!(stream = name, error = %e, "outbox relay could not read a stream's configuration");
                 return;
