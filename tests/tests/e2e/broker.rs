@@ -20,7 +20,8 @@ async fn hand_made_stream(ctx: &Ctx, edit: impl FnOnce(&mut Config)) {
 
 #[tokio::test]
 async fn streams_that_can_lose_acknowledged_messages_are_refused_naming_the_setting() {
-    let cases: [(&str, fn(&mut Config)); 4] = [
+    type Edit = fn(&mut Config);
+    let cases: [(&str, Edit); 4] = [
         ("retention is interest", |c| {
             c.retention = RetentionPolicy::Interest
         }),

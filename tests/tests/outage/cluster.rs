@@ -23,6 +23,8 @@ const DURING: usize = 10_000;
 const PER_TX: usize = 100;
 
 type Expected = Arc<Mutex<HashMap<String, Vec<Uuid>>>>;
+/// A relay running in the background, and how to stop it.
+type Running = (Arc<Relay>, (oneshot::Sender<()>, JoinHandle<()>));
 
 struct Drill {
     cluster: NatsCluster,
@@ -33,7 +35,7 @@ struct Drill {
     event_type: String,
     schemas: Arc<Schemas>,
     expected: Expected,
-    relays: Vec<(Arc<Relay>, (oneshot::Sender<()>, JoinHandle<()>))>,
+    relays: Vec<Running>,
 }
 
 impl Drill {
