@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::dead_letter::{self, Kind, Letter};
 use super::decode::{decode_with, Rejection};
-use super::retry::{count_attempt, forget_attempts, is_transient};
+use super::retry::{count_attempt, forget_attempts, is_transient, recorded_attempts};
 use super::{Consumer, Delivery, Handler, Undecodable};
 use crate::error::{Error, Result};
 use crate::metrics as m;
@@ -57,6 +57,10 @@ pub enum Outcome {
         error: String,
         /// The dead-letter subject it was published to, if any.
         dead_letter: Option<String>,
+        /// It had given up on an earlier delivery (this one was already on its way, an
+        /// `ack_wait` redelivery of a slow attempt): terminated again without calling the
+        /// handler, and not counted again.
+        earlier: bool,
     },
     /// The message could not be decoded; handled by the [`Undecodable`] policy.
     Rejected {
@@ -182,7 +186,16 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 tracing::debug!(consumer = %self.name, event_id = %id, behind, ?delay,
                     "held behind an earlier event of its subject");
             }
-            Outcome::GaveUp { error, dead_letter } => {
+            Outcome::GaveUp { earlier: true, .. } => {
+                ack(message, AckKind::Term).await?;
+                self.holds
+                    .release(&delivery.envelope.subject, delivery.stream_sequence);
+                tracing::info!(consumer = %self.name, event_id = %id,
+                    "a redelivery of a message that gave up earlier: terminated without handling");
+            }
+            Outcome::GaveUp {
+                error, dead_letter, ..
+            } => {
                 self.give_up(message, delivery, error, dead_letter.as_deref())
                     .await?;
             }
@@ -219,11 +232,8 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         tracing::error!(consumer = %self.name, event_id = %id, max_attempts = self.config.max_attempts,
             error = %error, dead_letter = dead_letter.unwrap_or(""),
             "handler failed on the last allowed attempt; message terminated (it stays in the stream)");
-        if let Ok(mut conn) = self.pool.acquire().await {
-            if let Err(e) = forget_attempts(&mut conn, &self.name, id).await {
-                tracing::warn!(consumer = %self.name, event_id = %id, error = %e, "cannot delete the attempts row");
-            }
-        }
+        // The attempts row stays: a redelivery already on its way finds it and is terminated
+        // without another handler call.
         Ok(())
     }
 
@@ -267,6 +277,17 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             tx.rollback().await?;
             return Ok(Outcome::Duplicate);
         }
+        if delivery.delivered > 1 {
+            let attempts = recorded_attempts(&mut tx, &self.name, delivery.id()).await?;
+            if let Some((n, error)) = attempts.filter(|(n, _)| *n >= self.config.max_attempts) {
+                tx.rollback().await?;
+                return Ok(Outcome::GaveUp {
+                    error: format!("gave up after {n} attempts: {error}"),
+                    dead_letter: None,
+                    earlier: true,
+                });
+            }
+        }
         match self.handler.handle(delivery, &mut tx).await {
             Ok(()) => {
                 // Only a redelivery can have attempts recorded.
@@ -289,6 +310,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                     Outcome::GaveUp {
                         error,
                         dead_letter: self.config.dead_letter.clone(),
+                        earlier: false,
                     }
                 } else {
                     Outcome::Retry {

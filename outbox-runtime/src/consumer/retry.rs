@@ -93,7 +93,25 @@ pub(super) async fn count_attempt(
     Ok(u32::try_from(attempts).unwrap_or(0))
 }
 
-/// Forgets the attempts of `event_id` (it was applied or gave up), through `conn`.
+/// The handler attempts recorded for `event_id`, and the last error, through `conn`.
+pub(super) async fn recorded_attempts(
+    conn: &mut sqlx::PgConnection,
+    consumer: &str,
+    event_id: Uuid,
+) -> crate::Result<Option<(u32, String)>> {
+    let row: Option<(i32, String)> = sqlx::query_as(
+        "select attempts, last_error from outbox_consumer_attempts \
+         where consumer = $1 and event_id = $2",
+    )
+    .bind(consumer)
+    .bind(event_id)
+    .fetch_optional(conn)
+    .await
+    .map_err(|e| CONSUMER_ATTEMPTS.error(e))?;
+    Ok(row.map(|(n, e)| (u32::try_from(n).unwrap_or(0), e)))
+}
+
+/// Forgets the attempts of `event_id` (it was applied), through `conn`.
 pub(super) async fn forget_attempts(
     conn: &mut sqlx::PgConnection,
     consumer: &str,
