@@ -148,7 +148,7 @@ pub struct MissingRow {
 }
 
 /// Which pass [`Progress`] is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Phase {
     /// The rows of the range, page by page.
