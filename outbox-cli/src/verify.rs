@@ -40,7 +40,7 @@ pub struct VerifyArgs {
     page_size: u64,
     /// Seconds within which the relay usually marks a row after the stream stored it; rows
     /// not found within it are looked for again over the stream's duplicate window.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 2.0)]
     lag: f64,
     /// The largest difference between the NATS servers' and Postgres's clocks, in seconds.
     #[arg(long, default_value_t = 2.0)]

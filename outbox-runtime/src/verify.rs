@@ -93,8 +93,9 @@ pub struct VerifyOptions {
     pub republish: bool,
     /// Rows per page, and suspects per page of the second pass (default 10,000).
     pub page_size: usize,
-    /// How long after storing a message the relay usually marks its row (default 10 s). Rows
-    /// not found within it are looked for again over the stream's duplicate window.
+    /// How long after storing a message the relay usually marks its row (default 2 s: one
+    /// batch's acks and mark, usually milliseconds). Rows not found within it are looked for
+    /// again over the stream's duplicate window, so this decides only how much is read.
     pub lag: Duration,
     /// The largest difference between the NATS servers' clocks and Postgres's (default 2 s).
     pub clock_skew: Duration,
@@ -112,7 +113,7 @@ impl VerifyOptions {
             to,
             republish: false,
             page_size: 10_000,
-            lag: Duration::from_secs(10),
+            lag: Duration::from_secs(2),
             clock_skew: Duration::from_secs(2),
             listed: 100,
         }
@@ -290,7 +291,8 @@ pub async fn verify(
     mut on_event: impl FnMut(VerifyEvent<'_>),
 ) -> Result<VerifyReport> {
     options.check()?;
-    let mut reader = StreamReader::open(jetstream, &options.stream).await?;
+    let mut reader =
+        StreamReader::open(jetstream, &options.stream, RECENT * options.page_size).await?;
     let mut session = Session::open(pool, options.from, options.to).await?;
     let mut report = VerifyReport {
         stream: options.stream.clone(),
@@ -336,6 +338,10 @@ pub async fn verify(
     session.close().await;
     Ok(report)
 }
+
+/// How many message ids the stream reader keeps, per row of a page, so that consecutive
+/// pages' overlapping spans are read once.
+const RECENT: usize = 8;
 
 /// `t - d`, or the earliest time when that underflows.
 fn before(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
@@ -433,7 +439,7 @@ async fn suspects_pass(
         let mut pending: HashMap<Uuid, DateTime<Utc>> = page.into_iter().collect();
         if let Some((start, end)) = span(&pending) {
             let start = before(start, window);
-            let end = after(end, options.clock_skew);
+            let end = after(end, options.lag + options.clock_skew);
             reader
                 .read(start, end, |id| _ = pending.remove(&id))
                 .await?;

@@ -1,8 +1,10 @@
 //! Reading the ids of a stream's messages stored in a span of time, headers only.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull::OrderedConfig, consumer::DeliverPolicy};
+use async_nats::jetstream::consumer::pull::{Ordered, OrderedConfig};
+use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use uuid::Uuid;
@@ -12,7 +14,9 @@ use crate::error::{Error, Result};
 /// How long a read may wait for the stream's next message before it gives up.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// The stream being verified: its subjects, duplicate window and first message.
+/// The stream being verified: its subjects, duplicate window and first message, and a scan
+/// that moves forward through it, keeping the ids of the messages it read most recently, so
+/// that a window overlapping the last one does not read the overlap again.
 pub(super) struct StreamReader {
     stream: jetstream::stream::Stream,
     name: String,
@@ -20,11 +24,38 @@ pub(super) struct StreamReader {
     duplicate_window: Duration,
     first: Option<DateTime<Utc>>,
     messages_read: u64,
+    scan: Option<Scan>,
+    /// Messages read, oldest first, at most `capacity`.
+    recent: VecDeque<(NatsTime, Option<Uuid>)>,
+    capacity: usize,
+}
+
+type NatsTime = async_nats::datetime::DateTime;
+
+/// An ordered consumer reading forward from `start`.
+struct Scan {
+    messages: Ordered,
+    /// Every message stored at or after `start` that was read is in `recent`, except those
+    /// stored at or before `dropped` (left out of `recent` for its capacity).
+    start: NatsTime,
+    dropped: Option<NatsTime>,
+    /// The first message read past the last window's end, not handed out yet.
+    peeked: Option<(NatsTime, Option<Uuid>)>,
+    /// Nothing was pending after the last message read.
+    at_end: bool,
+}
+
+impl Scan {
+    /// Whether every message stored from `start` on that the scan has read is still known.
+    fn covers(&self, start: NatsTime) -> bool {
+        start >= self.start && self.dropped.is_none_or(|d| start > d)
+    }
 }
 
 impl StreamReader {
-    /// Opens stream `name`; an absent one is an [`Error::Stream`].
-    pub(super) async fn open(js: &jetstream::Context, name: &str) -> Result<Self> {
+    /// Opens stream `name`; an absent one is an [`Error::Stream`]. The reader keeps the ids of
+    /// up to `capacity` messages it read last.
+    pub(super) async fn open(js: &jetstream::Context, name: &str, capacity: usize) -> Result<Self> {
         let mut stream = js.get_stream(name).await.map_err(|e| Error::Stream {
             stream: name.to_owned(),
             reason: format!(
@@ -47,6 +78,9 @@ impl StreamReader {
             name: name.to_owned(),
             first,
             messages_read: 0,
+            scan: None,
+            recent: VecDeque::new(),
+            capacity: capacity.max(1),
         })
     }
 
@@ -60,7 +94,7 @@ impl StreamReader {
         self.duplicate_window
     }
 
-    /// Messages read so far.
+    /// Messages read so far (a message read twice counts twice).
     pub(super) fn messages_read(&self) -> u64 {
         self.messages_read
     }
@@ -70,71 +104,128 @@ impl StreamReader {
         self.subjects.iter().any(|p| subject_matches(p, event_type))
     }
 
+    fn error(&self, what: &str, e: impl Into<async_nats::Error>) -> Error {
+        Error::nats(format!("{what} stream `{}`", self.name), e.into())
+    }
+
     /// Calls `seen` with the `Nats-Msg-Id` of every message stored from `start` until the first
-    /// one stored after `end` (or the stream's last message), in stream order. Ids that are not
-    /// UUIDs (another writer's messages) are skipped.
+    /// one stored after `end` (or the stream's last message), in stream order; ids that are not
+    /// UUIDs (another writer's messages) are skipped. Windows are expected to move forward:
+    /// what the last windows read from `start` on is not read again, when it is still known.
     pub(super) async fn read(
         &mut self,
         start: DateTime<Utc>,
         end: DateTime<Utc>,
         mut seen: impl FnMut(Uuid),
     ) -> Result<()> {
-        let name = self.name.clone();
-        let nats = |what: &str, e: async_nats::Error| {
-            Error::nats(format!("{what} stream `{name}` from {start}"), e)
-        };
-        let info = self
-            .stream
-            .info()
-            .await
-            .map_err(|e| nats("read the state of", e.into()))?;
-        if info.state.messages == 0 || to_chrono(info.state.last_timestamp) < start {
-            return Ok(()); // nothing stored at or after `start`: a consumer would wait
+        let start = to_nats(start).map_err(|e| self.error("convert a start time to read", e))?;
+        let end = to_nats(end).map_err(|e| self.error("convert an end time to read", e))?;
+        while let Some(&(t, _)) = self.recent.front().filter(|(t, _)| *t < start) {
+            self.recent.pop_front();
+            self.forget(t);
         }
-        let start_time = to_nats(start).map_err(|e| nats("convert the start time to read", e))?;
-        let end_time = to_nats(end).map_err(|e| nats("convert the end time to read", e))?;
+        if !self.scan.as_ref().is_some_and(|s| s.covers(start)) {
+            self.restart(start).await?;
+        }
+        for (_, id) in self.recent.iter().filter(|(t, _)| *t <= end) {
+            id.map(&mut seen);
+        }
+        if let Some((t, id)) = self.scan.as_mut().and_then(|s| s.peeked.take()) {
+            if t > end {
+                self.scan_mut().peeked = Some((t, id));
+                return Ok(());
+            }
+            self.keep(t, id, &mut seen);
+        }
+        self.advance(end, &mut seen).await
+    }
+
+    fn scan_mut(&mut self) -> &mut Scan {
+        self.scan.as_mut().expect("a scan is open")
+    }
+
+    /// A message stored at `t` is no longer in `recent`.
+    fn forget(&mut self, t: NatsTime) {
+        if let Some(scan) = self.scan.as_mut() {
+            scan.dropped = Some(scan.dropped.map_or(t, |d| d.max(t)));
+        }
+    }
+
+    /// Hands out a message in the window and remembers it.
+    fn keep(&mut self, t: NatsTime, id: Option<Uuid>, seen: &mut impl FnMut(Uuid)) {
+        if self.recent.len() >= self.capacity {
+            if let Some((oldest, _)) = self.recent.pop_front() {
+                self.forget(oldest);
+            }
+        }
+        self.recent.push_back((t, id));
+        id.map(seen);
+    }
+
+    /// A new consumer from `start`, and nothing remembered.
+    async fn restart(&mut self, start: NatsTime) -> Result<()> {
+        tracing::debug!(stream = %self.name, %start, "verify: reading the stream from a new start");
+        self.scan = None;
+        self.recent.clear();
         let consumer = self
             .stream
             .create_consumer(OrderedConfig {
-                deliver_policy: DeliverPolicy::ByStartTime { start_time },
+                deliver_policy: DeliverPolicy::ByStartTime { start_time: start },
                 headers_only: true,
                 ..Default::default()
             })
             .await
-            .map_err(|e| nats("create a consumer on", e.into()))?;
-        let mut messages = consumer
+            .map_err(|e| self.error("create a consumer on", e))?;
+        // what is stored from `start` on, counted when the consumer was created
+        let at_end = consumer.cached_info().num_pending == 0;
+        let messages = consumer
             .messages()
             .await
-            .map_err(|e| nats("read", e.into()))?;
+            .map_err(|e| self.error("read", e))?;
+        self.scan = Some(Scan {
+            messages,
+            start,
+            dropped: None,
+            peeked: None,
+            at_end,
+        });
+        Ok(())
+    }
+
+    /// Reads on until the first message stored after `end`, or the end of the stream.
+    async fn advance(&mut self, end: NatsTime, seen: &mut impl FnMut(Uuid)) -> Result<()> {
         loop {
-            let message = match tokio::time::timeout(PATIENCE, messages.next()).await {
-                Ok(Some(Ok(message))) => message,
-                Ok(Some(Err(e))) => return Err(nats("read", e.into())),
-                Ok(None) => return Err(nats("read", "the consumer ended".into())),
-                Err(_) => {
-                    return Err(nats(
-                        "read",
-                        format!("no message within {PATIENCE:?} although more were pending").into(),
-                    ))
-                }
-            };
-            let info = message.info().map_err(|e| nats("read", e))?;
-            if info.published > end_time {
+            // Every row being verified was marked before the verification began, so its
+            // message was stored before any consumer of this reader was created: once nothing
+            // is pending, nothing more can be relevant.
+            if self.scan_mut().at_end {
                 return Ok(());
             }
-            let pending = info.pending;
-            self.messages_read += 1;
+            let next = tokio::time::timeout(PATIENCE, self.scan_mut().messages.next()).await;
+            let message = match next {
+                Ok(Some(Ok(message))) => message,
+                Ok(Some(Err(e))) => return Err(self.error("read", e)),
+                Ok(None) => return Err(self.error("read", "the consumer ended")),
+                Err(_) => {
+                    let e = format!("no message within {PATIENCE:?} although more were pending");
+                    return Err(self.error("read", e));
+                }
+            };
+            let info = message.info().map_err(|e| self.error("read", e))?;
+            let (t, pending) = (info.published, info.pending);
             let id = message
                 .headers
                 .as_ref()
                 .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
                 .and_then(|v| Uuid::parse_str(v.as_str()).ok());
-            if let Some(id) = id {
-                seen(id);
-            }
-            if pending == 0 {
+            self.messages_read += 1;
+            let scan = self.scan_mut();
+            scan.at_end = pending == 0;
+            if t > end {
+                scan.peeked = Some((t, id));
                 return Ok(());
             }
+            self.keep(t, id, seen);
         }
     }
 }
@@ -169,7 +260,7 @@ fn to_nats(
 /// (chrono or time) that any crate of the build may switch on, so this uses only what both
 /// offer, `from_nanos` and ordering: a binary search over nanoseconds, exact, for a handful of
 /// values per run.
-fn to_chrono(t: async_nats::datetime::DateTime) -> DateTime<Utc> {
+fn to_chrono(t: NatsTime) -> DateTime<Utc> {
     let (mut lo, mut hi) = (0i64, i64::MAX); // 1970 to 2262
     let at = |n: i64| async_nats::datetime::from_nanos(i128::from(n)).ok();
     if at(lo).is_none_or(|lo| t <= lo) {
