@@ -12,11 +12,12 @@ use super::MissingRow;
 use crate::error::{Error, Result};
 use crate::table::OUTBOX_EVENTS;
 
-/// The statements of a session, each with what it does, for errors.
+/// The cursor over the range's published rows, oldest mark first.
 const DECLARE: &str = "declare outbox_verify_rows scroll cursor with hold for \
     select id, event_type, published_at from outbox_events \
      where published_at >= $1 and published_at < $2 \
      order by published_at, id";
+/// The rows not found near their publish time, and the missing ones.
 const TEMP_TABLES: &[&str] = &[
     "create temp table outbox_verify_suspects \
        (id uuid primary key, published_at timestamptz not null)",
