@@ -177,7 +177,7 @@ impl Session {
 
     /// Sets the missing rows unpublished (and their attempts to 0), in one transaction,
     /// except those published less than `window` ago (the stream's duplicate window and the
-    /// clock skew), and wakes the relays.
+    /// clock skew), and wakes the relays, sending their lanes back to the start.
     pub(super) async fn republish(&mut self, window: Duration) -> Result<Republished> {
         let window = sqlx::postgres::types::PgInterval {
             months: 0,
@@ -205,8 +205,11 @@ impl Session {
         .map_err(db)?
         .rows_affected();
         if republished > 0 {
-            sqlx::query("select pg_notify($1, '')")
+            // `release`, as `outbox unblock` sends: the rows are older than the relays'
+            // floors may be, so every lane goes back to the start
+            sqlx::query("select pg_notify($1, $2)")
                 .bind(crate::NOTIFY_CHANNEL)
+                .bind(crate::relay::listen::RELEASE)
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;
