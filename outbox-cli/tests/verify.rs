@@ -174,3 +174,33 @@ async fn verify_names_a_gap_in_retention_and_an_unknown_stream() {
     assert!(stderr.contains("RFC 3339"), "{stderr}");
     ctx.delete_stream().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_shows_progress_on_a_terminal() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let from = published_rows(&ctx).await;
+    // `script` gives the command a terminal (util-linux; a missing one fails the test)
+    let line = format!(
+        "'{}' verify --database-url '{}' --nats-url '{}' --stream '{}' --from '{from}' --page-size 10",
+        env!("CARGO_BIN_EXE_outbox"),
+        ctx.db.url(),
+        outbox_testkit::nats_url(),
+        ctx.stream_name(),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run `script` (util-linux) to give outbox verify a terminal")
+    })
+    .await
+    .expect("the command thread");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("\rrows 10/100 (10%)"), "{text:?}");
+    assert!(text.contains("\rrows 100/100 (100%)"), "{text:?}");
+    assert!(text.contains("ok: every row"), "{text}");
+    ctx.delete_stream().await;
+}
