@@ -70,6 +70,14 @@ pub enum Command {
     /// Manage the JetStream stream the relay publishes to.
     #[command(subcommand)]
     Stream(StreamCommand),
+    /// Check that every row published in a time range is in the stream (by `Nats-Msg-Id`).
+    ///
+    /// Reports every published row missing from the stream; with --republish sets them
+    /// unpublished again so the relay republishes them with their original ids. Reads rows
+    /// and stream in pages, in bounded memory. Exits 0 when every row is there, 1 when rows
+    /// are missing (republished or not) or the range reaches outside the stream's or the
+    /// table's retention, 2 on an error.
+    Verify(crate::verify::VerifyArgs),
 }
 
 /// The schema evolution gate's settings (as `outbox_codegen::Config` has them in build.rs).
@@ -336,6 +344,7 @@ pub async fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Prune(args) => prune(args).await,
+        Command::Verify(args) => crate::verify::run(args).await,
         Command::Stream(StreamCommand::Ensure {
             nats,
             name,
@@ -549,7 +558,7 @@ fn render_status(s: &Status) -> String {
 }
 
 /// A value from the table, cut to fit a line (rows written by hand can hold anything).
-fn shown(value: &str) -> String {
+pub(crate) fn shown(value: &str) -> String {
     const WIDTH: usize = 60;
     let printable: String = value
         .chars()

@@ -5,6 +5,7 @@
 
 mod commands;
 mod connect;
+mod verify;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -17,6 +17,7 @@ pub mod status;
 pub mod stream;
 mod table;
 mod validate;
+pub mod verify;
 
 pub use emit::{EmitExt, RawEvent, NOTIFY_CHANNEL};
 pub use envelope::{Envelope, CONTENT_TYPE, DATA_CONTENT_TYPE, SPEC_VERSION};
@@ -25,6 +26,7 @@ pub use event::{EmitEvent, OutboxEvent, PLATFORM_SUBJECT};
 pub use relay::{BatchReport, Claim, Relay, RelayConfig, RelayStats};
 pub use stream::{check_captures, durability_warning, unsafe_settings, StorageType, StreamSpec};
 pub use validate::Schemas;
+pub use verify::{verify, VerifyOptions, VerifyReport};
 
 /// `#[derive(OutboxEvent)]`: see [`OutboxEvent`] and the crate docs.
 pub use outbox_macros::OutboxEvent;

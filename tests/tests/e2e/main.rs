@@ -15,3 +15,4 @@ mod relay_basic;
 mod relay_faults;
 mod relay_poison;
 mod relay_replicas;
+mod verify;
