@@ -22,6 +22,38 @@ pub(crate) fn errors(report: &Report, dir: &Path) -> Vec<Error> {
         .collect()
 }
 
+/// One line pair of the report for `change` of type `t` (`removed`: its schema is gone).
+fn list_change(text: &mut String, t: &TypeReport, change: &Change, removed: bool) {
+    if removed {
+        let _ = writeln!(text, "  - {} is gone", t.file.display());
+    } else {
+        let at = if change.pointer.is_empty() {
+            "the root".to_owned()
+        } else {
+            change.pointer.clone()
+        };
+        let via = change
+            .via
+            .as_ref()
+            .map(|v| {
+                format!(
+                    " (reached from {})",
+                    if v.is_empty() { "the root" } else { v }
+                )
+            })
+            .unwrap_or_default();
+        let _ = writeln!(text, "  - at {at}{via}: {}", change.message);
+    }
+    let _ = writeln!(
+        text,
+        "    {} ({}): breaks {}",
+        change.rule,
+        change.rule.level(),
+        whom(change)
+    );
+}
+
+/// The error of type `t`, whose `breaking` changes its mode does not allow.
 fn incompatible(report: &Report, t: &TypeReport, breaking: &[&Change], dir: &Path) -> Error {
     let lock = report.lock_file.display();
     let mode = match t.mode_source {
@@ -50,40 +82,7 @@ fn incompatible(report: &Report, t: &TypeReport, breaking: &[&Change], dir: &Pat
         );
     }
     for change in breaking {
-        if removed {
-            let _ = writeln!(text, "  - {} is gone", t.file.display());
-            let _ = writeln!(
-                text,
-                "    {} ({}): breaks {}",
-                change.rule,
-                change.rule.level(),
-                whom(change)
-            );
-            continue;
-        }
-        let at = if change.pointer.is_empty() {
-            "the root".to_owned()
-        } else {
-            change.pointer.clone()
-        };
-        let via = change
-            .via
-            .as_ref()
-            .map(|v| {
-                format!(
-                    " (reached from {})",
-                    if v.is_empty() { "the root" } else { v }
-                )
-            })
-            .unwrap_or_default();
-        let _ = writeln!(text, "  - at {at}{via}: {}", change.message);
-        let _ = writeln!(
-            text,
-            "    {} ({}): breaks {}",
-            change.rule,
-            change.rule.level(),
-            whom(change)
-        );
+        list_change(&mut text, t, change, removed);
     }
     let allow = lock_command(report, dir, &format!("--allow-breaking {}", t.event_type));
     if removed {

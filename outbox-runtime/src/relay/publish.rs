@@ -136,6 +136,45 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
+    /// The state of a batch of `rows` that starts now.
+    fn new(rows: &'a [Row], to: Publisher<'a>) -> Run<'a> {
+        Run {
+            rows,
+            to,
+            chains: Chains::new(rows.iter().map(|r| r.subject.as_str())),
+            settled: Settled::default(),
+            flying: vec![false; rows.len()],
+            waiting: vec![false; rows.len()],
+            retries: vec![0; rows.len()],
+            deadline: Instant::now() + to.config.ack_timeout,
+            expired: false,
+            connects: connects(to.jetstream),
+            elections: HashMap::new(),
+            verify_duplicates: before_2_11(&to.jetstream.client().server_info().version),
+        }
+    }
+
+    /// Row `i`'s publish was answered with `result`.
+    async fn answered<'f>(
+        &mut self,
+        i: usize,
+        result: Result<PublishAck, PublishError>,
+        delayed: &mut FuturesUnordered<futures::future::BoxFuture<'f, usize>>,
+    ) {
+        match result {
+            Ok(ack) if ack.duplicate && self.verify_duplicates => {
+                if self.duplicate_stored(i, &ack).await {
+                    self.acked(i, ack);
+                } else {
+                    self.flying[i] = false;
+                    self.settle(i, Next::NotAttempted(Failure::UnverifiedDuplicate));
+                }
+            }
+            Ok(ack) => self.acked(i, ack),
+            Err(e) => self.failed(i, Failure::Publish(e), delayed).await,
+        }
+    }
+
     fn connected(&self) -> bool {
         self.to.jetstream.client().connection_state() == State::Connected
     }
@@ -366,41 +405,16 @@ impl<'a> Run<'a> {
 /// Publishes `rows`: each subject's rows one after the other (the next sent on the previous
 /// one's ack), all subjects at once, every send and ack before `ack_timeout` from now.
 pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> Settled {
-    let deadline = Instant::now() + to.config.ack_timeout;
-    let mut run = Run {
-        rows,
-        to,
-        chains: Chains::new(rows.iter().map(|r| r.subject.as_str())),
-        settled: Settled::default(),
-        flying: vec![false; rows.len()],
-        waiting: vec![false; rows.len()],
-        retries: vec![0; rows.len()],
-        deadline,
-        expired: false,
-        connects: connects(to.jetstream),
-        elections: HashMap::new(),
-        verify_duplicates: before_2_11(&to.jetstream.client().server_info().version),
-    };
+    let mut run = Run::new(rows, to);
     // One timer for the whole batch, raced against every send and every wait.
-    let expiry = sleep_until(deadline);
+    let expiry = sleep_until(run.deadline);
     tokio::pin!(expiry);
     let mut in_flight = FuturesUnordered::new();
     let mut delayed = FuturesUnordered::new();
     let mut done: Vec<(usize, Result<PublishAck, PublishError>)> = Vec::new();
     loop {
         for (i, result) in std::mem::take(&mut done) {
-            match result {
-                Ok(ack) if ack.duplicate && run.verify_duplicates => {
-                    if run.duplicate_stored(i, &ack).await {
-                        run.acked(i, ack);
-                    } else {
-                        run.flying[i] = false;
-                        run.settle(i, Next::NotAttempted(Failure::UnverifiedDuplicate));
-                    }
-                }
-                Ok(ack) => run.acked(i, ack),
-                Err(e) => run.failed(i, Failure::Publish(e), &mut delayed).await,
-            }
+            run.answered(i, result, &mut delayed).await;
         }
         while let Some(i) = run.chains.pop_ready() {
             let Some((body, headers)) = run.prepare(i, trace) else {

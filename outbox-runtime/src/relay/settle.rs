@@ -91,7 +91,6 @@ pub(super) async fn write(
     due: usize,
     settled: &Settled,
 ) -> Result<()> {
-    let config = &relay.config;
     let published = ctids(rows, settled.acked.iter().copied());
     let attempted = ctids(
         rows,
@@ -125,6 +124,27 @@ pub(super) async fn write(
             ))));
         }
     }
+    park(tx, relay, rows, settled).await?;
+    let released: Vec<Uuid> = settled
+        .acked
+        .iter()
+        .filter(|&&i| i < due)
+        .map(|&i| rows[i].id)
+        .collect();
+    if !released.is_empty() {
+        timed(
+            OUTBOX_RETRIES,
+            sqlx::query(sql::UNPARK).bind(&released).execute(tx.conn()),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Schedules the next try of each failed row's subject, and holds the held rows, in
+/// `outbox_retries` ([`PARK`](sql::PARK)).
+async fn park(tx: &mut Tx, relay: &Relay, rows: &[Row], settled: &Settled) -> Result<()> {
+    let config = &relay.config;
     let mut ids = Vec::new();
     let mut delays: Vec<Option<f64>> = Vec::new();
     let mut reasons = Vec::new();
@@ -157,19 +177,6 @@ pub(super) async fn write(
                 .bind(&delays)
                 .bind(&reasons)
                 .execute(tx.conn()),
-        )
-        .await?;
-    }
-    let released: Vec<Uuid> = settled
-        .acked
-        .iter()
-        .filter(|&&i| i < due)
-        .map(|&i| rows[i].id)
-        .collect();
-    if !released.is_empty() {
-        timed(
-            OUTBOX_RETRIES,
-            sqlx::query(sql::UNPARK).bind(&released).execute(tx.conn()),
         )
         .await?;
     }
