@@ -3,7 +3,6 @@
 //! `e2e` suites' load. Each stops only servers it started itself (a private nats-server or
 //! Postgres cluster), by their pid.
 
-mod cluster;
 mod consumer_pg_restart;
 mod operations;
 mod relay_crash;
