@@ -2,8 +2,9 @@
 //! subjects (half before the fault, half emitted through it), and one fault per test: stream
 //! leader step-downs in a loop, `kill -9` of the stream leader, SIGSTOP of the stream leader,
 //! `kill -9` of the meta leader. After each: every committed event is in the stream once or
-//! more (duplicates counted), each subject in commit order, no row spent an attempt on the
-//! election, and the backlog drained within 60 s of the fault's end.
+//! more (duplicates counted), each subject in commit order, no row near the attempt cap (at
+//! most one attempt per row: a frozen leader that resumes can cost one), and the backlog
+//! drained within 60 s of the fault's end.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -179,9 +180,12 @@ impl Drill {
                 "{fault}: {subject} in commit order"
             );
         }
-        assert_eq!(
-            max_attempts, 0,
-            "{fault}: the election cost no attempt ({with_attempts} rows spent some)"
+        // No row nears the cap. Step-downs and kills cost no attempt in every run seen; a
+        // frozen leader that resumes has left up to 53 of 20,000 rows with one attempt
+        // (docs/relay.md, *Failures*): the bound says one, not zero.
+        assert!(
+            max_attempts <= 1,
+            "{fault}: the election cost at most one attempt per row ({with_attempts} rows spent some, max {max_attempts})"
         );
     }
 }
