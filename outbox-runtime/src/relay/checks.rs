@@ -94,7 +94,8 @@ pub(super) async fn jetstream(jetstream: &jetstream::Context, config: &RelayConf
 
 /// A stream captures each of [`RelayConfig::subjects`], keeps what it acknowledges (no
 /// [`unsafe_settings`](crate::unsafe_settings)), and has a duplicate window that covers
-/// [`RelayConfig::retry_horizon`]; a single-replica stream is warned about.
+/// [`RelayConfig::retry_horizon`] (the stream check that follows at start warns about a
+/// single replica, once per stream).
 pub(super) async fn streams(jetstream: &jetstream::Context, config: &RelayConfig) -> Result<()> {
     if config.subjects.is_empty() {
         return Ok(());
@@ -102,9 +103,6 @@ pub(super) async fn streams(jetstream: &jetstream::Context, config: &RelayConfig
     let horizon = config.retry_horizon();
     for (name, info) in crate::stream::check_captures(jetstream, &config.subjects).await? {
         crate::stream::check_safe(&name, &info.config)?;
-        if let Some(warning) = crate::stream::durability_warning(&info.config) {
-            tracing::warn!(stream = %name, "{warning}");
-        }
         if info.config.duplicate_window < horizon {
             return Err(Error::Stream {
                 stream: name,

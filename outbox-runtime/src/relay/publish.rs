@@ -204,10 +204,7 @@ impl<'a> Run<'a> {
         }
         if let super::position::Stamp::At(created) = self.rows[i].position.at {
             let lag = (Utc::now() - created).to_std().unwrap_or_default();
-            let event_type = match &self.rows[i].event {
-                Ok(e) => e.event_type.clone(),
-                Err(_) => String::new(),
-            };
+            let event_type = self.rows[i].event_type().to_owned();
             metrics::histogram!(names::PUBLISH_LAG, "event_type" => event_type)
                 .record(lag.as_secs_f64());
         }
@@ -219,10 +216,7 @@ impl<'a> Run<'a> {
     async fn judge(&mut self, i: usize, failure: Failure) -> Next {
         let connected = self.connected();
         let rows = self.rows;
-        let event_type = match &rows[i].event {
-            Ok(e) => e.event_type.as_str(),
-            Err(_) => "",
-        };
+        let event_type = rows[i].event_type();
         let election = match &failure {
             Failure::NotConnected => return Next::NotAttempted(failure),
             Failure::Deadline | Failure::Election if !connected => {
@@ -388,11 +382,8 @@ impl<'a> Run<'a> {
         for i in 0..self.rows.len() {
             if self.flying[i] {
                 self.flying[i] = false;
-                let event_type = match &self.rows[i].event {
-                    Ok(e) => e.event_type.clone(),
-                    Err(_) => String::new(),
-                };
-                let next = self.timed_out(&event_type).await;
+                let rows = self.rows;
+                let next = self.timed_out(rows[i].event_type()).await;
                 self.settle(i, next);
             } else if self.waiting[i] {
                 self.waiting[i] = false;
@@ -424,11 +415,7 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> S
                 run.failed(i, Failure::NotConnected, &mut delayed).await;
                 continue;
             }
-            let event_type = run.rows[i]
-                .event
-                .as_ref()
-                .map(|e| e.event_type.clone())
-                .unwrap_or_default();
+            let event_type = run.rows[i].event_type().to_owned();
             let send = to
                 .jetstream
                 .publish_with_headers(event_type, headers, body.into());

@@ -43,6 +43,11 @@ pub(super) struct Event {
 }
 
 impl Row {
+    /// The row's event type, or `""` when its columns could not be read.
+    pub(super) fn event_type(&self) -> &str {
+        self.event.as_ref().map_or("", |e| e.event_type.as_str())
+    }
+
     /// Decodes a row of [`CLAIM`](super::sql::CLAIM) (`id, event_type, source, subject, time,
     /// data, created_at, attempts, ctid`). Only `id` and `ctid`, which Postgres always writes
     /// in a readable form, fail the whole row.

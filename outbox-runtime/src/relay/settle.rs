@@ -187,10 +187,7 @@ async fn park(tx: &mut Tx, relay: &Relay, rows: &[Row], settled: &Settled) -> Re
 pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &BatchReport) {
     relay.counters.add(report);
     metrics::histogram!(names::BATCH_SIZE).record(report.claimed as f64);
-    let type_of = |i: usize| match &rows[i].event {
-        Ok(e) => e.event_type.clone(),
-        Err(_) => String::new(),
-    };
+    let type_of = |i: usize| rows[i].event_type().to_owned();
     let mut published: HashMap<String, u64> = HashMap::new();
     for &i in &settled.acked {
         *published.entry(type_of(i)).or_default() += 1;

@@ -228,14 +228,14 @@ impl Streams {
     /// [`UNSAFE_STREAM`](crate::metrics::UNSAFE_STREAM) gauge, an error each time), and once when
     /// it has a single replica.
     async fn check_stream(&self, jetstream: &jetstream::Context, name: &str, horizon: Duration) {
-        let info = match jetstream.get_stream(name).await {
-            Ok(mut stream) => stream.info().await.cloned(),
-            Err(e) => {
-                tracing::debug!(stream = name, error = %e, "outbox relay could not read a stream's configuration");
-                return;
-            }
+        let read = async {
+            let mut stream = jetstream
+                .get_stream(name)
+                .await
+                .map_err(|e| e.to_string())?;
+            stream.info().await.cloned().map_err(|e| e.to_string())
         };
-        let info = match info {
+        let info = match read.await {
             Ok(info) => info,
             Err(e) => {
                 tracing::debug!(stream = name, error = %e, "outbox relay could not read a stream's configuration");

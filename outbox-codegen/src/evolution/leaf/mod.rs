@@ -152,7 +152,8 @@ fn type_name(name: &str) -> Option<&'static str> {
     })
 }
 
-fn value_type(value: &Value) -> &'static str {
+/// The JSON Schema type of a JSON value (`integer` for whole numbers).
+pub(in crate::evolution) fn value_type(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
         Value::Bool(_) => "boolean",

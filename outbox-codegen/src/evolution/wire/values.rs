@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::evolution::leaf::value_type;
 use serde_json::{Map, Value};
 
 use super::ANNOTATIONS;
@@ -81,23 +82,7 @@ pub(super) fn types(schema: &Value) -> Option<BTreeSet<String>> {
         _ => None,
     };
     declared.or_else(|| {
-        values(schema).map(|values| {
-            values
-                .iter()
-                .map(|v| {
-                    match v {
-                        Value::Null => "null",
-                        Value::Bool(_) => "boolean",
-                        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
-                        Value::Number(_) => "number",
-                        Value::String(_) => "string",
-                        Value::Array(_) => "array",
-                        Value::Object(_) => "object",
-                    }
-                    .to_owned()
-                })
-                .collect()
-        })
+        values(schema).map(|values| values.iter().map(|v| value_type(v).to_owned()).collect())
     })
 }
 
