@@ -37,10 +37,19 @@ pub async fn read_stream(js: &jetstream::Context, name: &str) -> Vec<Delivered> 
     if total == 0 {
         return Vec::new();
     }
-    let consumer = stream
-        .create_consumer(OrderedConfig::default())
-        .await
-        .expect("create an ordered consumer");
+    // a cluster that has just elected a stream leader may time out the first requests
+    let mut tries = 0;
+    let consumer = loop {
+        match stream.create_consumer(OrderedConfig::default()).await {
+            Ok(consumer) => break consumer,
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("creating an ordered consumer on {name}: {e}; again in 500 ms");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("create an ordered consumer on {name}: {e}"),
+        }
+    };
     let mut messages = consumer.messages().await.expect("consume");
     let mut out = Vec::with_capacity(total);
     while out.len() < total {
