@@ -8,8 +8,8 @@
 //!   clock starts, fresh ids so that nothing is a duplicate) with the relay's headers, in
 //!   windows of 256 publish futures whose acks are then awaited together;
 //! - **relay x1**: one [`Relay::run`] drains the backlog;
-//! - **relay x4**: four relays (each with its own pool and NATS connection, as four processes)
-//!   drain a refilled backlog of the same size.
+//! - **relay x2**, **relay x4**: two and four relays (each with its own pool and NATS
+//!   connection, as separate processes) drain a refilled backlog of the same size.
 //!
 //! Options: `--quick` (10,000 events, one round), `--events=N` (backlog size), `--batch=N`
 //! (relay batch size, default `RelayConfig::default().batch_size`), `--lanes=N` (batch loops
@@ -17,7 +17,9 @@
 //! default 256), `--cluster` (a private three-node cluster with an R3 stream instead of
 //! `NATS_URL`: raw and relay both publish to it).
 //!
-//! All publish to one stream (file storage, purged between runs). Last line:
+//! All publish to one stream (file storage, purged between runs). The last lines:
+//! `relay_x2_vs_x1_ratio=` and `relay_x4_vs_x1_ratio=` (medians of the rounds' ratios, each
+//! against the x1 run of the same round), then
 //! `relay_vs_raw_ratio=<median relay x1 rate / median raw rate>`.
 
 use std::future::IntoFuture;
@@ -78,7 +80,8 @@ async fn bench(quick: bool) {
         stream.name
     );
 
-    let (mut raw, mut one, mut four) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut raw, mut one, mut two, mut four) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut two_ratio, mut four_ratio) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         refill(&db, &stream, events).await;
         if round == 1 {
@@ -101,29 +104,42 @@ async fn bench(quick: bool) {
         stream.purge().await;
         one.push(drain(&db, &stream, 1, events).await);
         refill(&db, &stream, events).await;
+        two.push(drain(&db, &stream, 2, events).await);
+        refill(&db, &stream, events).await;
         four.push(drain(&db, &stream, 4, events).await);
+        let x1 = one[one.len() - 1];
+        two_ratio.push(two[two.len() - 1] / x1);
+        four_ratio.push(four[four.len() - 1] / x1);
         if round == 1 {
             refill(&db, &stream, events).await;
             steps(&db, &stream).await;
         }
         println!(
-            "round {round}: raw {:.0} events/s, relay x1 {:.0} events/s, relay x4 {:.0} events/s",
+            "round {round}: raw {:.0} events/s, relay x1 {:.0} events/s, relay x2 {:.0} events/s, relay x4 {:.0} events/s",
             raw[raw.len() - 1],
             one[one.len() - 1],
+            two[two.len() - 1],
             four[four.len() - 1]
         );
     }
-    let (raw, one, four) = (
+    let (raw, one, two, four) = (
         common::median(&mut raw),
         common::median(&mut one),
+        common::median(&mut two),
         common::median(&mut four),
     );
     stream.delete().await;
     drop(db);
     println!("raw_jetstream_events_per_s={raw:.0}");
     println!("relay_x1_events_per_s={one:.0}");
+    println!("relay_x2_events_per_s={two:.0}");
     println!("relay_x4_events_per_s={four:.0}");
     println!("relay_x4_vs_raw_ratio={:.2}", four / raw);
+    println!("relay_x2_vs_x1_ratio={:.2}", common::median(&mut two_ratio));
+    println!(
+        "relay_x4_vs_x1_ratio={:.2}",
+        common::median(&mut four_ratio)
+    );
     println!("relay_vs_raw_ratio={:.2}", one / raw);
 }
 

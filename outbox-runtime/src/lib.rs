@@ -48,7 +48,9 @@ pub use outbox_macros::OutboxEvent;
 /// - `0006_consumer_attempts.sql`: the consumers' own state: handler attempts (the give-up
 ///   budget), the consumer names in use (one event type per name), per-subject positions in
 ///   stream order, and the dedupe horizon retention records (see [`consumer`], [`order`] and
-///   [`retention`]).
+///   [`retention`]);
+/// - `0008_outbox_relays.sql`: the running relays (`outbox_relays`, unlogged), one row each
+///   with a heartbeat, so that several relays share the subject partitions out between them.
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting).
@@ -58,7 +60,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 ///
 /// sqlx records migrations in one table, `_sqlx_migrations`, shared with the service's own
 /// `sqlx::migrate!` migrations. This tolerates the service's entries (it ignores versions it does
-/// not know), and the service's migrator must do the same for the outbox's six
+/// not know), and the service's migrator must do the same for the outbox's
 /// (`set_ignore_missing(true)`); `sqlx migrate add` names files by timestamp, so the versions do
 /// not collide. If the service numbers its migrations 1, 2, 3, … they do collide and this
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder

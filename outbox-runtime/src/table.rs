@@ -56,6 +56,12 @@ pub(crate) const OUTBOX_RETRIES: Table = Table {
     migration: "0005_outbox_retries.sql",
 };
 
+/// The running relays, for sharing the partitions out.
+pub(crate) const OUTBOX_RELAYS: Table = Table {
+    name: "outbox_relays",
+    migration: "0008_outbox_relays.sql",
+};
+
 impl Table {
     /// `e`, with "relation does not exist" turned into [`Error::MissingTable`] naming this
     /// table's migration.

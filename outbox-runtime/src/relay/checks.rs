@@ -9,7 +9,7 @@ use tokio::time::timeout;
 
 use super::config::RelayConfig;
 use crate::error::{Error, Result};
-use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
+use crate::table::{OUTBOX_EVENTS, OUTBOX_RELAYS, OUTBOX_RETRIES};
 
 /// The pool allows a connection per lane and one for `LISTEN`.
 pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
@@ -24,14 +24,14 @@ pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
     Ok(())
 }
 
-/// Postgres answers, is recent enough, and has the outbox table and the relay's retry
-/// schedule.
+/// Postgres answers, is recent enough, and has the outbox table, the relay's retry
+/// schedule and the relays' table.
 pub(super) async fn tables(pool: &PgPool) -> Result<()> {
     let unreachable = |e: sqlx::Error| {
         let o = pool.connect_options();
         Error::unreachable("postgres", format!("{}:{}", o.get_host(), o.get_port()), e)
     };
-    for table in [OUTBOX_EVENTS, OUTBOX_RETRIES] {
+    for table in [OUTBOX_EVENTS, OUTBOX_RETRIES, OUTBOX_RELAYS] {
         let probe = format!("select 1 from {} limit 0", table.name);
         sqlx::query(&probe).execute(pool).await.map_err(|e| {
             if super::is_connection_error(&e) {

@@ -118,16 +118,17 @@ impl RelayConfig {
             .min(self.backoff_max)
     }
 
-    /// The connections a relay's pool should allow: one per lane, one for `LISTEN` and one for
-    /// the backlog gauges. [`Relay::connect`](crate::Relay::connect) opens a pool of this size;
+    /// The connections a relay's pool should allow: one per lane, one for `LISTEN`, one for
+    /// the backlog gauges and one for the heartbeat in `outbox_relays`.
+    /// [`Relay::connect`](crate::Relay::connect) opens a pool of this size;
     /// [`Relay::new`](crate::Relay::new) refuses a pool of fewer than `lanes + 1`.
     ///
     /// ```
     /// let config = outbox_runtime::RelayConfig { lanes: 2, ..Default::default() };
-    /// assert_eq!(config.pool_size(), 4);
+    /// assert_eq!(config.pool_size(), 5);
     /// ```
     pub fn pool_size(&self) -> u32 {
-        u32::try_from(self.lanes).map_or(u32::MAX, |l| l.saturating_add(2))
+        u32::try_from(self.lanes).map_or(u32::MAX, |l| l.saturating_add(3))
     }
 
     /// The longest time between two publishes of one row while the broker answers: the

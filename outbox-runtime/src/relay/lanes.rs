@@ -1,10 +1,7 @@
 //! Lanes: the batch loops of one relay, each on its share of the subject partitions, and the
 //! decision each makes after a batch (docs/relay.md, *Lanes* and *Wake-up*).
 
-use std::sync::Mutex;
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use super::config::RelayConfig;
 
@@ -19,12 +16,6 @@ pub(super) struct Lane {
 impl Lane {
     /// Every partition.
     pub(super) const ALL: Lane = Lane { index: 0, count: 1 };
-
-    /// The `count` lanes of a relay.
-    pub(super) fn all(count: usize) -> impl Iterator<Item = Lane> {
-        let count = count as i32;
-        (0..count).map(move |index| Lane { index, count })
-    }
 }
 
 /// Whether rows a batch could not take are waiting ([`WAITING`](super::sql::WAITING)).
@@ -127,41 +118,6 @@ impl LaneState {
                 Next::Idle
             }
         }
-    }
-}
-
-/// How long a relay with several lanes runs one lane only after it last found rows held by
-/// another transaction: lanes of several relays compete for the same rows.
-const SHARING_HOLD: Duration = Duration::from_secs(10);
-
-/// Whether this relay shares the table with another relay, and the gate that keeps an
-/// all-partition batch from running beside the relay's own lane batches.
-#[derive(Debug)]
-pub(super) struct Sharing {
-    until: Mutex<Option<Instant>>,
-    /// Read by each lane batch, written by an all-partition batch.
-    pub(super) gate: tokio::sync::RwLock<()>,
-}
-
-impl Default for Sharing {
-    fn default() -> Self {
-        Sharing {
-            until: Mutex::new(None),
-            gate: tokio::sync::RwLock::new(()),
-        }
-    }
-}
-
-impl Sharing {
-    /// Until when the relay runs one lane, if that is still ahead.
-    pub(super) fn until(&self) -> Option<Instant> {
-        let until = *self.until.lock().unwrap_or_else(|p| p.into_inner());
-        until.filter(|t| *t > Instant::now())
-    }
-
-    /// Another relay's locks were just found: run one lane for the next [`SHARING_HOLD`].
-    pub(super) fn found_another_relay(&self) {
-        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + SHARING_HOLD);
     }
 }
 
@@ -326,18 +282,5 @@ mod tests {
             .collect();
         assert_eq!(waits[0], Next::Backoff(s(1)));
         assert_eq!(waits[11], Next::Backoff(s(5)));
-    }
-
-    #[test]
-    fn lanes_split_the_partitions() {
-        let lanes: Vec<Lane> = Lane::all(3).collect();
-        assert_eq!(
-            lanes,
-            [
-                Lane { index: 0, count: 3 },
-                Lane { index: 1, count: 3 },
-                Lane { index: 2, count: 3 }
-            ]
-        );
     }
 }

@@ -15,6 +15,9 @@ use crate::NOTIFY_CHANNEL;
 pub(super) const HEARTBEAT: &str = "heartbeat";
 /// The payload `outbox unblock` sends: held subjects were released, floors go back.
 pub(crate) const RELEASE: &str = "release";
+/// The payload a relay sends when it joins or leaves `outbox_relays`: the others share the
+/// partitions anew at once rather than at their next heartbeat.
+pub(super) const MEMBERS: &str = "relays";
 /// How often a running relay sends its heartbeat; a listener that hears nothing (not even a
 /// heartbeat) for [`SILENCE`] is taken as lost and connected again.
 pub(super) const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
@@ -27,6 +30,8 @@ pub(super) struct Signals {
     pub(super) commits: watch::Sender<()>,
     /// Held subjects were released.
     pub(super) releases: watch::Sender<()>,
+    /// A relay joined or left the table.
+    pub(super) members: watch::Sender<()>,
 }
 
 /// How long the listener waits before it connects again, at first; it doubles while that
@@ -69,6 +74,9 @@ async fn forward(listener: &mut PgListener, signals: &Signals) -> String {
         match timeout(SILENCE, listener.try_recv()).await {
             Ok(Ok(Some(n))) => match n.payload() {
                 HEARTBEAT => {}
+                MEMBERS => {
+                    signals.members.send_replace(());
+                }
                 RELEASE => {
                     signals.releases.send_replace(());
                     signals.commits.send_replace(());

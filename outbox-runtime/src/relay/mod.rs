@@ -25,6 +25,7 @@ mod floor;
 mod held;
 mod lanes;
 pub(crate) mod listen;
+mod members;
 mod message;
 mod position;
 mod publish;
@@ -111,7 +112,6 @@ pub struct Relay {
     cut_pauses: backoff::SubjectBackoff,
     streams: streams::Streams,
     counters: stats::Counters,
-    sharing: lanes::Sharing,
     /// The floor of [`Relay::claim`]'s batches (every partition).
     floor: tokio::sync::Mutex<floor::Floor>,
 }
@@ -207,7 +207,6 @@ impl Relay {
             cut_pauses: backoff::SubjectBackoff::new(CUT_PAUSE, CUT_PAUSE),
             streams: streams::Streams::default(),
             counters: stats::Counters::default(),
-            sharing: lanes::Sharing::default(),
             floor: tokio::sync::Mutex::new(floor::Floor::new(config.floor_check())),
             config,
         })

@@ -11,9 +11,11 @@ use tokio::time::{sleep, sleep_until, Instant};
 use super::floor::Floor;
 use super::lanes::{Lane, LaneState, Next, Outcome, Waiting};
 use super::listen::{self, AbortOnDrop, Signals};
+use super::members::{self, Share};
 use super::settle::Effects;
 use super::{sql, Relay};
 use crate::error::Result;
+use uuid::Uuid;
 
 /// How often a running relay refreshes the backlog gauges and sweeps stale retry schedules.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
@@ -25,14 +27,6 @@ const SHUTDOWN_MARGIN: Duration = Duration::from_secs(15);
 const RECONNECT_POLL: Duration = Duration::from_millis(100);
 /// The longest a due retry is left to the fallback poll.
 const MIN_RETRY_WAIT: Duration = Duration::from_millis(20);
-
-/// A lane's floors: one for its own partitions, one for every partition (while it runs alone
-/// beside another relay). A floor only holds for the rows it was found over.
-#[derive(Debug)]
-struct Floors {
-    own: Floor,
-    all: Floor,
-}
 
 impl Relay {
     /// Runs batches, in [`RelayConfig::lanes`](super::RelayConfig::lanes) loops at once, until
@@ -56,6 +50,7 @@ impl Relay {
         let signals = Signals {
             commits: watch::channel(()).0,
             releases: watch::channel(()).0,
+            members: watch::channel(()).0,
         };
         let _tasks = [
             AbortOnDrop(tokio::spawn(listen::listen(
@@ -69,8 +64,29 @@ impl Relay {
             ))),
         ];
         let (stop, stopped) = watch::channel(false);
+        // this relay's row in outbox_relays, and its share of the partitions
+        let me = Uuid::new_v4();
+        let (partitions, lanes) = (self.config.partitions, self.config.lanes);
+        let share = match members::beat(&self.pool, me, partitions, lanes, true).await {
+            Ok(members) => Share::of(me, &members, lanes),
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox relay could not join outbox_relays; it claims from every partition until its heartbeat works");
+                Share::alone(lanes)
+            }
+        };
+        let (share, shares) = watch::channel(share);
+        // aborted if `run` is dropped: a cancelled relay stops beating, as a killed one would
+        let mut membership = AbortOnDrop(tokio::spawn(members::keep(
+            self.pool.clone(),
+            me,
+            partitions,
+            lanes,
+            share,
+            signals.members.subscribe(),
+            stopped.clone(),
+        )));
         let lanes = futures::future::join_all(
-            Lane::all(self.config.lanes).map(|lane| self.run_lane(lane, &signals, stopped.clone())),
+            (0..lanes).map(|slot| self.run_lane(slot, shares.clone(), &signals, stopped.clone())),
         );
         let streams = self.check_streams(stopped.clone());
         tokio::pin!(lanes, streams);
@@ -88,48 +104,52 @@ impl Relay {
                 }
             }
         }
+        // the others take this relay's partitions at their next heartbeat
+        stop.send_replace(true);
+        let _ = tokio::time::timeout(members::LEASE, &mut membership.0).await;
+        members::leave(&self.pool, me).await;
         Ok(())
     }
 
-    /// One batch loop, on `lane`'s partitions, until `stop` turns true.
-    async fn run_lane(&self, lane: Lane, signals: &Signals, mut stop: watch::Receiver<bool>) {
+    /// One batch loop, on the partitions of lane `slot` of this relay's share, until `stop`
+    /// turns true.
+    async fn run_lane(
+        &self,
+        slot: usize,
+        mut shares: watch::Receiver<Share>,
+        signals: &Signals,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut wake = signals.commits.subscribe();
         let mut releases = signals.releases.subscribe();
-        let check_every = self.config.floor_check();
-        let mut floors = Floors {
-            own: Floor::new(check_every),
-            all: Floor::new(check_every),
-        };
+        let mut floor = Floor::new(self.config.floor_check());
+        let mut current = None;
         let mut state = LaneState::default();
         loop {
-            let mut this_lane = lane;
-            if lane.count > 1 {
-                if let Some(until) = self.sharing.until() {
-                    // another relay works on the table: lane 0 takes every partition, and the
-                    // other lanes rest until the sharing ends
-                    if lane.index > 0 {
-                        tokio::select! {
-                            _ = stop.changed() => return,
-                            _ = sleep_until(until) => continue,
-                        }
-                    }
-                    this_lane = Lane::ALL;
+            let Some(lane) = shares
+                .borrow_and_update()
+                .lane(slot, self.config.partitions)
+            else {
+                // more slots than partitions, and this one has none: rest until the share
+                // changes
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    changed = shares.changed() => if changed.is_err() { return } else { continue },
                 }
+            };
+            if current != Some(lane) {
+                // a floor only holds for the partitions it was found over
+                floor.reset();
+                current = Some(lane);
             }
             if releases.has_changed().unwrap_or(false) {
                 releases.borrow_and_update();
                 self.streams.forget_uncaptured();
-                floors.own.reset();
-                floors.all.reset();
+                floor.reset();
             }
             // Commits announced before this claim are covered by it: only later ones count.
             wake.borrow_and_update();
-            let floor = if this_lane == lane {
-                &mut floors.own
-            } else {
-                &mut floors.all
-            };
-            let result = self.lane_batch(lane, this_lane, floor).await;
+            let result = self.lane_batch(lane, &mut floor).await;
             let commit_seen = wake.has_changed().unwrap_or(false);
             let (outcome, next_retry) = match &result {
                 Ok((outcome, next_retry)) => (*outcome, *next_retry),
@@ -164,7 +184,6 @@ impl Relay {
                 return true;
             }
             Next::Contended(wait) => {
-                self.sharing.found_another_relay();
                 // a row committed just now may not be announced yet: its notification ends the
                 // pause
                 (now + wait, true)
@@ -202,22 +221,13 @@ impl Relay {
         true
     }
 
-    /// One batch of `lane` (the lane itself, or every partition while sharing), reduced to
-    /// what the lane's next step depends on. An all-partition batch never runs beside this
-    /// relay's own lane batches, whose rows it would take for another relay's.
+    /// One batch of `lane`, reduced to what the lane's next step depends on.
     async fn lane_batch(
         &self,
         lane: Lane,
-        this_lane: Lane,
         floor: &mut Floor,
     ) -> Result<(Outcome, Option<Duration>)> {
-        let (effects, waiting) = if lane.count > 1 && this_lane.count == 1 {
-            let _alone = self.sharing.gate.write().await;
-            self.run_lane_once(this_lane, floor).await?
-        } else {
-            let _shared = self.sharing.gate.read().await;
-            self.run_lane_once(this_lane, floor).await?
-        };
+        let (effects, waiting) = self.run_lane_once(lane, floor).await?;
         let now = Instant::now();
         effects.pause(self, now);
         for position in &effects.released {

@@ -249,6 +249,46 @@ select e.id, e.event_type, e.subject, e.attempts, r.reason, r.since,
 pub(super) const BACKLOG_TYPES: &str =
     "select distinct event_type from outbox_events where published_at is null limit $1";
 
+/// A relay's heartbeat (`$1` its id, `$2` its partitions, `$3` its lanes): its row refreshed
+/// on the database's clock, rows not seen for an hour deleted, and the running relays (seen
+/// within `$4` seconds) read, this one among them whatever the snapshot shows.
+macro_rules! beat {
+    ($notify:expr) => {
+        concat!(
+            "with beat as (
+  insert into outbox_relays as r (id, partitions, lanes) values ($1, $2, $3)
+      on conflict (id) do update
+     set seen_at = now(), partitions = excluded.partitions, lanes = excluded.lanes
+  returning r.id, r.partitions, r.lanes),
+gone as (delete from outbox_relays where seen_at < now() - interval '1 hour')
+select id, partitions, lanes from outbox_relays
+ where id <> $1 and seen_at > now() - $4 * interval '1 second'
+union all
+select id, partitions, lanes from beat",
+            $notify
+        )
+    };
+}
+
+/// See [`beat!`].
+pub(super) const BEAT: &str = beat!("");
+
+/// The first heartbeat, which also tells the other relays (`NOTIFY_CHANNEL`, `'relays'`).
+pub(super) const JOIN: &str = beat!(concat!(
+    ", (select pg_notify('",
+    crate::emit::notify_channel!(),
+    "', 'relays')) as told"
+));
+
+/// A relay leaving: its row deleted, and the others told.
+pub(super) const LEAVE: &str = concat!(
+    "\
+with gone as (delete from outbox_relays where id = $1 returning id)
+select pg_notify('",
+    crate::emit::notify_channel!(),
+    "', 'relays') from gone"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,5 +337,18 @@ mod tests {
             assert!(squash(sql).contains(&squash(concat!("not ", parked!()))));
             assert!(squash(sql).contains("(hashtext(o.subject) & 2147483647) % $1 % $2 = $3"));
         }
+    }
+
+    #[test]
+    fn joining_and_leaving_tell_the_other_relays() {
+        let told = format!(
+            "'{}', '{}'",
+            crate::NOTIFY_CHANNEL,
+            super::super::listen::MEMBERS
+        );
+        for sql in [JOIN, LEAVE] {
+            assert!(sql.contains(&told), "{sql}");
+        }
+        assert!(!BEAT.contains("pg_notify"));
     }
 }

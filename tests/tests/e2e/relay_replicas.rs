@@ -1,6 +1,7 @@
 //! Several relays, and several lanes of one relay, on one table: every committed event reaches
-//! the stream once, each subject's events arrive in created_at order, and a relay that finds
-//! every row held by another transaction claims again soon.
+//! the stream once, each subject's events arrive in created_at order, the relays' lanes keep to
+//! slots of their own and a dead relay's slots are taken over within seconds, and a relay that
+//! finds every row held by another transaction claims again soon.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -272,10 +273,10 @@ async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_relay_that_finds_every_row_held_claims_again_soon_and_then_runs_one_lane() {
+async fn a_relay_that_finds_every_row_held_claims_again_soon() {
     const BACKLOG: usize = 6_000;
     let (ctx, types, expected) = one_type_backlog(BACKLOG).await;
-    // Another transaction (as another relay's batch would) holds every row.
+    // Another transaction (as a frozen relay's batch would) holds every row.
     let mut holder = ctx.pool().begin().await.unwrap();
     sqlx::query("select 1 from outbox_events for update")
         .execute(&mut *holder)
@@ -298,11 +299,9 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon_and_then_runs_one_l
     );
     holder.rollback().await.unwrap();
 
-    // Rows held by another transaction look like another relay on the table: the relay runs
-    // one lane on every partition, so at most one of its batches is open at a time, and that
-    // batch holds partitions of both residues.
+    // The lanes keep to their own partitions meanwhile: one residue of `partition % 2` per
+    // open batch.
     let released = std::time::Instant::now();
-    let mut samples_with_both_residues = 0;
     while ctx.db.unpublished().await > 0 {
         // (the poll is an hour away: only the retry after finding rows held gets here; the
         // bound leaves room for a loaded machine)
@@ -310,19 +309,213 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon_and_then_runs_one_l
             released.elapsed() < Duration::from_secs(30),
             "the relay did not publish the released rows (no notification was sent for them)"
         );
-        let held = partitions_held(&ctx, 2).await;
-        assert!(held.len() <= 1, "two open batches while sharing: {held:?}");
-        if held.iter().any(|(_, residues)| residues.len() == 2) {
-            samples_with_both_residues += 1;
+        for (pid, residues) in partitions_held(&ctx, 2).await {
+            assert_eq!(
+                residues.len(),
+                1,
+                "backend {pid} holds partitions of both lanes"
+            );
         }
     }
-    assert!(
-        samples_with_both_residues > 0,
-        "no batch took partitions of both lanes"
-    );
     stop.send(()).unwrap();
     running.await.unwrap();
     assert_eq!(relay.stats().published, BACKLOG as u64);
     assert_stream_matches(&ctx, &expected, BACKLOG).await;
+    ctx.delete_stream().await;
+}
+
+/// Per relay (the application name of its pool) and backend holding relay partition locks: the
+/// residues of its partitions modulo `slots`.
+async fn slots_held(ctx: &Ctx, slots: i64) -> Vec<(String, i32, Vec<i64>)> {
+    sqlx::query_as(
+        "select a.application_name, l.pid, \
+                array_agg(distinct l.objid::int8 % $2 order by l.objid::int8 % $2) \
+           from pg_locks l join pg_stat_activity a on a.pid = l.pid \
+          where l.locktype = 'advisory' and l.classid = $1::int8::oid and l.objsubid = 2 \
+            and l.database = (select oid from pg_database where datname = current_database()) \
+          group by a.application_name, l.pid",
+    )
+    .bind(i64::from(LOCK_NAMESPACE))
+    .bind(slots)
+    .fetch_all(ctx.pool())
+    .await
+    .unwrap()
+}
+
+/// The running relays `outbox_relays` lists (seen within the last 5 s).
+async fn relays_listed(ctx: &Ctx) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from outbox_relays where seen_at > now() - interval '5 seconds'",
+    )
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_over_within_seconds() {
+    const LANES: usize = 2;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let types = vec![ctx.event_type("billing.subscription.created")];
+    let schemas = open_schemas(&types);
+    let config = RelayConfig {
+        subjects: types.clone(),
+        lanes: LANES,
+        ..Default::default()
+    };
+    let mut expected = HashMap::new();
+    let mut next = 0;
+    emit(ctx.pool(), &schemas, &types, 0..5_000, &mut expected).await;
+    next += 5_000;
+
+    // four relays, each with a pool of its own (as four processes) named after it
+    let mut relays = Vec::new();
+    for n in 0..RELAYS {
+        let options = ctx
+            .db
+            .options
+            .clone()
+            .application_name(&format!("relay-{n}"));
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(config.pool_size())
+            .connect_with(options)
+            .await
+            .unwrap();
+        let relay = Arc::new(
+            Relay::new(pool.clone(), ctx.js.clone(), config.clone())
+                .await
+                .unwrap(),
+        );
+        let (stop, running) = run_relay(relay.clone());
+        relays.push((relay, stop, running, pool));
+    }
+    eventually(Duration::from_secs(30), "four relays listed", || async {
+        relays_listed(&ctx).await == RELAYS as i64
+    })
+    .await;
+    // the last to join told the others, which share the partitions anew within a heartbeat
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // While they drain a steady flow, each open batch holds partitions of one slot of eight
+    // (four relays, two lanes each), each relay keeps to its own two slots, and every slot
+    // is worked on.
+    let slots = (RELAYS * LANES) as i64;
+    let mut seen: HashMap<String, HashSet<i64>> = HashMap::new();
+    let sampling = std::time::Instant::now();
+    while sampling.elapsed() < Duration::from_secs(4)
+        || seen.values().map(HashSet::len).sum::<usize>() < slots as usize
+    {
+        assert!(
+            sampling.elapsed() < Duration::from_secs(60),
+            "not every slot was seen worked on: {seen:?}"
+        );
+        emit(
+            ctx.pool(),
+            &schemas,
+            &types,
+            next..next + 200,
+            &mut expected,
+        )
+        .await;
+        next += 200;
+        for (relay, pid, residues) in slots_held(&ctx, slots).await {
+            assert_eq!(
+                residues.len(),
+                1,
+                "{relay} (backend {pid}) holds partitions of several slots: {residues:?}"
+            );
+            seen.entry(relay).or_default().extend(residues);
+        }
+    }
+    assert_eq!(seen.len(), RELAYS, "every relay worked: {seen:?}");
+    for (relay, residues) in &seen {
+        assert_eq!(
+            residues.len(),
+            LANES,
+            "{relay} worked on its own {LANES} slots: {seen:?}"
+        );
+    }
+    let dead: Vec<i64> = seen["relay-3"].iter().copied().collect();
+
+    // relay-3 dies mid-drain: its task is dropped without a shutdown (its batch rolled back,
+    // its row left in outbox_relays, as a killed process leaves it)
+    let (killed, _, running, pool) = relays.pop().unwrap();
+    running.abort();
+    let _ = running.await;
+    // and its connections go, as a dead process's do
+    pool.close().await;
+    let killed_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("select clock_timestamp()")
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap();
+    assert!(
+        killed.stats().published > 0,
+        "relay-3 published before it died"
+    );
+
+    // its partitions: the others take them once its heartbeat is 5 s old
+    let taken_over = loop {
+        emit(
+            ctx.pool(),
+            &schemas,
+            &types,
+            next..next + 200,
+            &mut expected,
+        )
+        .await;
+        next += 200;
+        let published: i64 = sqlx::query_scalar(
+            "select count(*) from outbox_events \
+              where published_at > $1 and (hashtext(subject) & 2147483647) % 1024 % $2 = any($3)",
+        )
+        .bind(killed_at)
+        .bind(slots)
+        .bind(&dead)
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap();
+        let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("select clock_timestamp()")
+            .fetch_one(ctx.pool())
+            .await
+            .unwrap();
+        let since = (now - killed_at).to_std().unwrap_or_default();
+        if published > 0 {
+            break since;
+        }
+        assert!(
+            since < Duration::from_secs(20),
+            "relay-3's partitions were not taken over within 20 s of its death"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        taken_over >= Duration::from_secs(3),
+        "its partitions were taken after {taken_over:?}, before its heartbeat could be stale: \
+         were they its own?"
+    );
+    assert_eq!(relays_listed(&ctx).await, (RELAYS - 1) as i64);
+
+    eventually(
+        Duration::from_secs(300),
+        "every event published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    for (relay, stop, running, _) in relays {
+        stop.send(()).unwrap();
+        running.await.unwrap();
+        assert!(relay.stats().published > 0);
+    }
+    let left: i64 = sqlx::query_scalar("select count(*) from outbox_relays")
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        left, 1,
+        "the stopped relays deleted their rows; the killed one's stays until it is an hour old"
+    );
+    eprintln!("relay-3's partitions taken over {taken_over:?} after it died");
+    assert_stream_matches(&ctx, &expected, next).await;
     ctx.delete_stream().await;
 }

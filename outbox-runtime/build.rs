@@ -1,0 +1,5 @@
+// `sqlx::migrate!` embeds the migrations at compile time: a new or edited migration must
+// rebuild the crate.
+fn main() {
+    println!("cargo:rerun-if-changed=../migrations");
+}
