@@ -42,6 +42,9 @@ pub const UNSAFE_STREAM: &str = "outbox_stream_unsafe";
 /// Gauge: 1 while the relay's `LISTEN` connection is up and answers its heartbeat, 0 while it
 /// is not (the relay then finds new rows by its fallback poll only).
 pub const LISTENING: &str = "outbox_relay_listening";
+/// Gauge: the relays this relay sees running on its table (`outbox_relays`, itself included),
+/// between which the partitions are shared out.
+pub const RELAYS: &str = "outbox_relays_running";
 /// Histogram: rows claimed per committed relay batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 /// Histogram: seconds from a row's `created_at` to its publish ack (commit-to-ack lag, plus

@@ -32,6 +32,8 @@ pub(super) struct Signals {
     pub(super) releases: watch::Sender<()>,
     /// A relay joined or left the table.
     pub(super) members: watch::Sender<()>,
+    /// Whether the `LISTEN` connection is up.
+    pub(super) listening: watch::Sender<bool>,
 }
 
 /// How long the listener waits before it connects again, at first; it doubles while that
@@ -50,9 +52,11 @@ pub(super) async fn listen(pool: PgPool, signals: Signals) {
                 match listener.listen(NOTIFY_CHANNEL).await {
                     Ok(()) => {
                         metrics::gauge!(names::LISTENING).set(1.0);
+                        signals.listening.send_replace(true);
                         signals.commits.send_replace(());
                         let why = forward(&mut listener, &signals).await;
                         metrics::gauge!(names::LISTENING).set(0.0);
+                        signals.listening.send_replace(false);
                         tracing::warn!("outbox relay lost its LISTEN connection ({why}); polling until it is back");
                     }
                     Err(e) => tracing::warn!(error = %e, "outbox relay cannot LISTEN; polling"),

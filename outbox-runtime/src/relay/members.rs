@@ -34,50 +34,62 @@ pub(super) struct Member {
     pub(super) lanes: i32,
 }
 
-/// This relay's slots among all the running relays' slots: its lane `i` claims the partitions
-/// `p` with `p % slots == first + i`.
+/// This relay's slots among all the running relays' slots: its lane `i` (for `i < own`)
+/// claims the partitions `p` with `p % slots == first + i`.
+///
+/// Each relay takes `max(1, lanes / relays)` slots, so that the relays together run about as
+/// many lanes as one of them would alone: every lane's claim reads the rows of every slot to
+/// find its own, so more slots cost more reading, and beside other relays a relay's own
+/// lanes add little overlap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Share {
     pub(super) first: i32,
+    pub(super) own: i32,
     pub(super) slots: i32,
 }
 
 impl Share {
     /// A relay alone: its lanes split every partition.
     pub(super) fn alone(lanes: usize) -> Share {
+        let lanes = lanes as i32;
         Share {
             first: 0,
-            slots: lanes as i32,
+            own: lanes,
+            slots: lanes,
         }
     }
 
-    /// `me`'s slots among `members` (`me` among them), in the order of their ids; each
-    /// relay takes as many slots as it has lanes.
+    /// `me`'s slots among `members` (`me` among them), in the order of their ids.
     pub(super) fn of(me: Uuid, members: &[Member], lanes: usize) -> Share {
         let mut sorted: Vec<&Member> = members.iter().collect();
         sorted.sort_by_key(|m| m.id);
+        sorted.dedup_by_key(|m| m.id);
+        let relays = sorted.len().max(1) as i32;
         let mut first = 0i32;
         let mut found = None;
         for m in &sorted {
+            let own = (m.lanes / relays).max(1);
             if m.id == me {
-                found = Some(first);
+                found = Some((first, own));
             }
-            first = first.saturating_add(m.lanes.max(1));
+            first = first.saturating_add(own);
         }
         match found {
-            Some(at) => Share {
+            Some((at, own)) => Share {
                 first: at,
+                own,
                 slots: first,
             },
             None => Share::alone(lanes),
         }
     }
 
-    /// The partitions lane `lane` claims, or `None` when there are more slots than
-    /// partitions and this one has none (the lane rests until the slots change).
+    /// The partitions lane `lane` claims, or `None` when it has no slot: the relay has fewer
+    /// slots than lanes, or there are more slots than partitions (the lane rests until the
+    /// slots change).
     pub(super) fn lane(self, lane: usize, partitions: i32) -> Option<Lane> {
         let index = self.first + lane as i32;
-        (index < partitions.min(self.slots)).then_some(Lane {
+        ((lane as i32) < self.own && index < partitions.min(self.slots)).then_some(Lane {
             index,
             count: self.slots,
         })
@@ -140,6 +152,7 @@ pub(super) async fn keep(
         }
         match timeout(LEASE, beat(&pool, me, partitions, lanes, false)).await {
             Ok(Ok(members)) => {
+                metrics::gauge!(crate::metrics::RELAYS).set(members.len() as f64);
                 let others: Vec<i32> = members
                     .iter()
                     .filter(|m| m.partitions != partitions)
@@ -236,8 +249,28 @@ mod tests {
         assert_eq!(Share::of(a[0].id, &a, 2), Share::of(a[0].id, &b, 2));
         assert_eq!(
             Share::of(Uuid::from_u128(3), &a, 2),
-            Share { first: 2, slots: 4 }
+            Share {
+                first: 1,
+                own: 1,
+                slots: 2
+            }
         );
+    }
+
+    #[test]
+    fn the_relays_together_run_about_as_many_lanes_as_one() {
+        let four: Vec<Member> = (1..=4).map(|n| member(n, 2)).collect();
+        for m in &four {
+            let share = Share::of(m.id, &four, 2);
+            assert_eq!((share.own, share.slots), (1, 4));
+            assert!(share.lane(1, 1024).is_none(), "the second lane rests");
+        }
+        let two = [member(1, 8), member(2, 8)];
+        assert_eq!(Share::of(two[1].id, &two, 8).own, 4);
+        // lanes / relays, at least one each, whatever the others' lanes
+        let mixed = [member(1, 1), member(2, 8)];
+        assert_eq!(Share::of(mixed[0].id, &mixed, 1).own, 1);
+        assert_eq!(Share::of(mixed[1].id, &mixed, 8).own, 4);
     }
 
     #[test]

@@ -25,6 +25,8 @@ const STREAM_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 const SHUTDOWN_MARGIN: Duration = Duration::from_secs(15);
 /// How often a lane waiting for the NATS connection looks at it (no network involved).
 const RECONNECT_POLL: Duration = Duration::from_millis(100);
+/// How long `run` waits for its `LISTEN` connection before it joins the other relays.
+const LISTEN_FIRST: Duration = Duration::from_secs(2);
 /// The longest a due retry is left to the fallback poll.
 const MIN_RETRY_WAIT: Duration = Duration::from_millis(20);
 
@@ -51,7 +53,9 @@ impl Relay {
             commits: watch::channel(()).0,
             releases: watch::channel(()).0,
             members: watch::channel(()).0,
+            listening: watch::channel(false).0,
         };
+        let mut listening = signals.listening.subscribe();
         let _tasks = [
             AbortOnDrop(tokio::spawn(listen::listen(
                 self.pool.clone(),
@@ -64,11 +68,16 @@ impl Relay {
             ))),
         ];
         let (stop, stopped) = watch::channel(false);
-        // this relay's row in outbox_relays, and its share of the partitions
+        // this relay's row in outbox_relays, and its share of the partitions; listening first,
+        // so that a relay joining after this one's first heartbeat is heard of at once
+        let _ = tokio::time::timeout(LISTEN_FIRST, listening.wait_for(|up| *up)).await;
         let me = Uuid::new_v4();
         let (partitions, lanes) = (self.config.partitions, self.config.lanes);
         let share = match members::beat(&self.pool, me, partitions, lanes, true).await {
-            Ok(members) => Share::of(me, &members, lanes),
+            Ok(members) => {
+                metrics::gauge!(crate::metrics::RELAYS).set(members.len() as f64);
+                Share::of(me, &members, lanes)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "outbox relay could not join outbox_relays; it claims from every partition until its heartbeat works");
                 Share::alone(lanes)
