@@ -13,9 +13,9 @@ use crate::table::OUTBOX_EVENTS;
 use crate::validate::{validated_data, Schemas};
 use crate::EmitEvent;
 
-/// The channel the relay listens on. Every emit notifies it; Postgres delivers the notification
-/// only when the emitting transaction commits, and folds the notifications of one transaction
-/// into one.
+/// The channel the relay listens on. An emit notifies it while a relay waits for commits (see
+/// [`WAKE_KEY`]); Postgres delivers the notification only when the emitting transaction
+/// commits, and folds the notifications of one transaction into one.
 pub const NOTIFY_CHANNEL: &str = notify_channel!();
 
 /// [`NOTIFY_CHANNEL`], as a literal for the statements that name it.
@@ -26,16 +26,35 @@ macro_rules! notify_channel {
 }
 pub(crate) use notify_channel;
 
+/// The advisory lock `(LOCK_NAMESPACE, WAKE_KEY)` that tells an emit whether a relay waits for
+/// commits: a relay with an idle lane holds it exclusively (docs/relay.md, *Wake-up*). An emit
+/// tries to take it shared for its transaction: when it cannot, a relay waits, and the emit
+/// notifies; when it can, every relay is busy claiming (and finds the row by itself), and the
+/// emit holds the lock until its transaction ends, so that a relay about to wait first waits
+/// for that commit. Emits never wait on it, and nothing else takes it.
+pub const WAKE_KEY: i32 = -1;
+
+/// [`LOCK_NAMESPACE`](crate::relay::LOCK_NAMESPACE) and [`WAKE_KEY`], as literals.
+macro_rules! wake_lock {
+    () => {
+        "1868724338, -1"
+    };
+}
+pub(crate) use wake_lock;
+
 /// `created_at` is `clock_timestamp()` rather than the column default `now()`, so two events
 /// emitted in one transaction keep their emit order (`now()` is the transaction's start time for
-/// every statement in it). The notification rides in the same statement: no extra round trip.
+/// every statement in it). The wake-up rides in the same statement: no extra round trip.
 const INSERT: &str = concat!(
     "with inserted as (",
     " insert into outbox_events (id, event_type, source, subject, time, data, created_at)",
     " values ($1, $2, $3, $4, $5, $6, clock_timestamp()) returning 1)",
     " select pg_notify('",
     notify_channel!(),
-    "', '') from inserted"
+    "', '') from inserted",
+    " where not pg_try_advisory_xact_lock_shared(",
+    wake_lock!(),
+    ")"
 );
 
 /// An event without a compile-time type, for tools and tests.

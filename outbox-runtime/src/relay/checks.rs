@@ -11,14 +11,15 @@ use super::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::table::{OUTBOX_EVENTS, OUTBOX_RELAYS, OUTBOX_RETRIES};
 
-/// The pool allows a connection per lane and one for `LISTEN`.
+/// The pool allows a connection per lane, one for `LISTEN` and one for the wake lock.
 pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
     let connections = pool.options().get_max_connections() as usize;
-    if connections <= config.lanes {
+    if connections < config.lanes + 2 {
         return Err(Error::Config(format!(
-            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane and one for LISTEN): raise the pool's max_connections or lower RelayConfig::lanes",
+            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane, one for LISTEN and one for the wake lock; RelayConfig::pool_size() gives {}): raise the pool's max_connections or lower RelayConfig::lanes",
             config.lanes,
-            config.lanes + 1
+            config.lanes + 2,
+            config.pool_size()
         )));
     }
     Ok(())

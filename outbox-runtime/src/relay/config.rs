@@ -41,7 +41,7 @@ pub struct RelayConfig {
     /// on a table must use the same value. Default 1024 (docs/relay.md, *Order*).
     pub partitions: i32,
     /// Batch loops this relay runs at once, each on its share of the partitions; the pool
-    /// must allow `lanes + 1` connections. Between 1 and 64, at most `partitions`. Default 2
+    /// must allow `lanes + 2` connections. Between 1 and 64, at most `partitions`. Default 2
     /// (docs/relay.md, *Lanes*).
     pub lanes: usize,
     /// NATS subjects (event types) this relay is expected to publish. At start it checks that a
@@ -119,16 +119,16 @@ impl RelayConfig {
     }
 
     /// The connections a relay's pool should allow: one per lane, one for `LISTEN`, one for
-    /// the backlog gauges and one for the heartbeat in `outbox_relays`.
+    /// the wake lock, one for the backlog gauges and one for the heartbeat in `outbox_relays`.
     /// [`Relay::connect`](crate::Relay::connect) opens a pool of this size;
-    /// [`Relay::new`](crate::Relay::new) refuses a pool of fewer than `lanes + 1`.
+    /// [`Relay::new`](crate::Relay::new) refuses a pool of fewer than `lanes + 2`.
     ///
     /// ```
     /// let config = outbox_runtime::RelayConfig { lanes: 2, ..Default::default() };
-    /// assert_eq!(config.pool_size(), 5);
+    /// assert_eq!(config.pool_size(), 6);
     /// ```
     pub fn pool_size(&self) -> u32 {
-        u32::try_from(self.lanes).map_or(u32::MAX, |l| l.saturating_add(3))
+        u32::try_from(self.lanes).map_or(u32::MAX, |l| l.saturating_add(4))
     }
 
     /// The longest time between two publishes of one row while the broker answers: the

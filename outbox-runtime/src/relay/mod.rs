@@ -36,6 +36,7 @@ mod sql;
 mod stats;
 mod streams;
 mod tx;
+mod wake;
 
 use std::fmt;
 use std::time::Duration;
@@ -112,6 +113,8 @@ pub struct Relay {
     cut_pauses: backoff::SubjectBackoff,
     streams: streams::Streams,
     counters: stats::Counters,
+    /// The lanes waiting for commits, for the wake lock.
+    sleepers: std::sync::Arc<wake::Sleepers>,
     /// The floor of [`Relay::claim`]'s batches (every partition).
     floor: tokio::sync::Mutex<floor::Floor>,
 }
@@ -207,6 +210,7 @@ impl Relay {
             cut_pauses: backoff::SubjectBackoff::new(CUT_PAUSE, CUT_PAUSE),
             streams: streams::Streams::default(),
             counters: stats::Counters::default(),
+            sleepers: Default::default(),
             floor: tokio::sync::Mutex::new(floor::Floor::new(config.floor_check())),
             config,
         })

@@ -62,6 +62,11 @@ impl Relay {
                 signals.clone(),
             ))),
             AbortOnDrop(tokio::spawn(listen::heartbeat(self.pool.clone()))),
+            AbortOnDrop(tokio::spawn(super::wake::hold(
+                self.pool.clone(),
+                self.sleepers.clone(),
+                signals.commits.clone(),
+            ))),
             AbortOnDrop(tokio::spawn(housekeeping(
                 self.pool.clone(),
                 self.config.max_attempts,
@@ -211,6 +216,8 @@ impl Relay {
                 (until, true)
             }
         };
+        // a lane waiting for commits has the relay hold the wake lock, so that emits notify
+        let _sleeping = matches!(next, Next::Idle).then(|| self.sleepers.enter());
         tokio::select! {
             _ = stop.changed() => false,
             _ = sleep_until(until) => true,

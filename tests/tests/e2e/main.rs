@@ -15,4 +15,5 @@ mod relay_basic;
 mod relay_faults;
 mod relay_poison;
 mod relay_replicas;
+mod relay_wake;
 mod verify;

@@ -435,7 +435,7 @@ async fn an_unworkable_configuration_is_refused() {
     assert!(matches!(err, Error::Config(_)), "{err:?}");
     assert!(
         err.to_string()
-            .contains("allows 2 connections, and a relay with 2 lanes needs at least 3"),
+            .contains("allows 2 connections, and a relay with 2 lanes needs at least 4"),
         "{err}"
     );
     let err = StreamSpec {

@@ -1,0 +1,277 @@
+//! The wake lock: an emit notifies only while a relay waits for commits, and no event waits for
+//! the fallback poll in any interleaving of an emit with a relay going to sleep. Every relay
+//! here polls once an hour, so an event it did not hear of would stay unpublished past the
+//! tests' bounds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_runtime::relay::LOCK_NAMESPACE;
+use outbox_runtime::{EmitExt, Relay, RelayConfig, Schemas, NOTIFY_CHANNEL, WAKE_KEY};
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{emit_committed, eventually, open_schemas, raw_event, run_relay};
+use sqlx::postgres::PgListener;
+use uuid::Uuid;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// The wake lock's entries in `pg_locks`: (granted, waiting).
+async fn wake_lock(ctx: &Ctx) -> (i64, i64) {
+    sqlx::query_as(
+        "select count(*) filter (where granted), count(*) filter (where not granted) \
+           from pg_locks where locktype = 'advisory' and classid = $1::int8::oid \
+            and objid = ($2::int8 & 4294967295)::oid and objsubid = 2 and mode = 'ExclusiveLock'",
+    )
+    .bind(i64::from(LOCK_NAMESPACE))
+    .bind(i64::from(WAKE_KEY))
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap()
+}
+
+/// A listener on the emit channel, and the emits' notifications it has received so far (the
+/// relays' own payloads, such as `relays` and `heartbeat`, are not an emit's).
+struct Announcements(PgListener);
+
+impl Announcements {
+    async fn new(ctx: &Ctx) -> Announcements {
+        let mut listener = PgListener::connect_with(ctx.pool()).await.unwrap();
+        listener.listen(NOTIFY_CHANNEL).await.unwrap();
+        Announcements(listener)
+    }
+
+    /// The emits' notifications received within `wait`.
+    async fn within(&mut self, wait: Duration) -> usize {
+        let mut n = 0;
+        let end = tokio::time::Instant::now() + wait;
+        while let Ok(Ok(Some(note))) = tokio::time::timeout_at(end, self.0.try_recv()).await {
+            if note.payload().is_empty() {
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+fn setup(ctx: &Ctx) -> (String, Schemas, RelayConfig) {
+    let ty = ctx.event_type("billing.invoice.paid");
+    let schemas = open_schemas(std::slice::from_ref(&ty));
+    let config = RelayConfig {
+        subjects: vec![ty.clone()],
+        poll_interval: HOUR,
+        ..Default::default()
+    };
+    (ty, schemas, config)
+}
+
+async fn published(ctx: &Ctx, id: Uuid) -> bool {
+    sqlx::query_scalar(
+        "select exists (select 1 from outbox_events where id = $1 and published_at is not null)",
+    )
+    .bind(id)
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn emits_send_no_notification_while_no_relay_waits() {
+    let ctx = Ctx::new().await;
+    let (ty, schemas, _) = setup(&ctx);
+    let mut heard = Announcements::new(&ctx).await;
+    for n in 0..20 {
+        emit_committed(
+            ctx.pool(),
+            &schemas,
+            raw_event(&ty, "billing", "inv-1").numbered(n),
+        )
+        .await;
+    }
+    assert_eq!(heard.within(Duration::from_millis(500)).await, 0);
+    // someone holding the lock exclusively, as a waiting relay does, makes them notify
+    let mut holder = ctx.pool().acquire().await.unwrap();
+    sqlx::query("select pg_advisory_lock($1, $2)")
+        .bind(LOCK_NAMESPACE)
+        .bind(WAKE_KEY)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&ty, "billing", "inv-1").numbered(20),
+    )
+    .await;
+    assert_eq!(heard.within(Duration::from_secs(5)).await, 1);
+    let _ = holder.detach();
+}
+
+/// The classic lost wake-up, forced: the emit checks for a waiting relay before the relay goes
+/// to sleep (so it sends no notification) and commits after the relay's last claim. The relay's
+/// wake lock waits for that transaction, and its grant makes the lanes claim again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let (ty, schemas, config) = setup(&ctx);
+    let mut heard = Announcements::new(&ctx).await;
+
+    // no relay waits: the emit takes the wake lock shared, and its transaction stays open
+    let mut tx = ctx.pool().begin().await.unwrap();
+    let id = tx
+        .emit_raw(&schemas, raw_event(&ty, "billing", "inv-1").build())
+        .await
+        .unwrap();
+
+    // the relay claims (the row is not committed, so it finds nothing), its lanes go to sleep,
+    // and its wake lock waits behind the open transaction
+    let relay = Arc::new(
+        Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
+            .await
+            .unwrap(),
+    );
+    let (stop, running) = run_relay(relay.clone());
+    eventually(
+        Duration::from_secs(10),
+        "the relay waits for the wake lock",
+        || async { wake_lock(&ctx).await == (0, 1) },
+    )
+    .await;
+    let batches = relay.stats().batches;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        relay.stats().batches,
+        batches,
+        "the lanes sleep (they poll once an hour)"
+    );
+    assert!(!published(&ctx, id).await);
+
+    let committed = std::time::Instant::now();
+    tx.commit().await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the event is published",
+        || async { published(&ctx, id).await },
+    )
+    .await;
+    let took = committed.elapsed();
+    assert_eq!(
+        heard.within(Duration::from_millis(100)).await,
+        0,
+        "the emit sent no notification"
+    );
+    eprintln!("published {took:?} after its commit, without a notification");
+    assert_eq!(
+        wake_lock(&ctx).await,
+        (1, 0),
+        "the relay holds the lock while it waits"
+    );
+
+    // now a relay waits: the next emit notifies, and is published at once
+    let id = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&ty, "billing", "inv-2").build(),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the second event is published",
+        || async { published(&ctx, id).await },
+    )
+    .await;
+    assert_eq!(
+        heard.within(Duration::from_secs(1)).await,
+        1,
+        "the second emit notified"
+    );
+
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    assert_eq!(relay.stats().published, 2);
+    assert_eq!(
+        wake_lock(&ctx).await,
+        (0, 0),
+        "a stopped relay holds no wake lock"
+    );
+    ctx.delete_stream().await;
+}
+
+/// A burst from 16 connections, one event per transaction, while the relay drains (its lanes
+/// busy: the emits stop notifying) and is restarted halfway: every event is published soon
+/// after its commit, none waits for the poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_from_sixteen_connections_across_a_relay_restart_waits_for_no_poll() {
+    const CONNECTIONS: usize = 16;
+    const EACH: usize = 625;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let (ty, schemas, config) = setup(&ctx);
+    let emitters = ctx.db.new_pool(CONNECTIONS as u32).await;
+    let start_relay = || async {
+        let pool = ctx.db.new_pool(config.pool_size()).await;
+        let relay = Arc::new(
+            Relay::new(pool, ctx.js.clone(), config.clone())
+                .await
+                .unwrap(),
+        );
+        let (stop, running) = run_relay(relay.clone());
+        (relay, stop, running)
+    };
+    let first = start_relay().await;
+
+    let burst: Vec<_> = (0..CONNECTIONS)
+        .map(|c| {
+            let (pool, schemas, ty) = (emitters.clone(), schemas.clone(), ty.clone());
+            tokio::spawn(async move {
+                for n in 0..EACH {
+                    let event = raw_event(&ty, "billing", format!("inv-{c}-{}", n % 7)).numbered(n);
+                    emit_committed(&pool, &schemas, event).await;
+                }
+            })
+        })
+        .collect();
+    // halfway through, the relay is replaced
+    eventually(
+        Duration::from_secs(120),
+        "half the burst emitted",
+        || async {
+            let n: i64 = sqlx::query_scalar("select count(*) from outbox_events")
+                .fetch_one(ctx.pool())
+                .await
+                .unwrap();
+            n >= (CONNECTIONS * EACH / 2) as i64
+        },
+    )
+    .await;
+    let (_, stop, running) = first;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    let (second, stop, running) = start_relay().await;
+    for task in burst {
+        task.await.unwrap();
+    }
+    let emitted = std::time::Instant::now();
+    eventually(Duration::from_secs(60), "every event published", || async {
+        ctx.db.unpublished().await == 0
+    })
+    .await;
+    eprintln!("drained {:?} after the last emit", emitted.elapsed());
+    // each event's wait from its insert to its publish, on the database's clock
+    let slowest: f64 = sqlx::query_scalar(
+        "select extract(epoch from max(published_at - created_at))::float8 from outbox_events",
+    )
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap();
+    eprintln!("slowest event: {slowest:.3} s from insert to publish");
+    assert!(
+        slowest < 30.0,
+        "an event waited {slowest:.1} s: it was heard of by no relay"
+    );
+    assert_eq!(ctx.stream_len().await, (CONNECTIONS * EACH) as u64);
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    assert!(second.stats().published > 0);
+    ctx.delete_stream().await;
+}
