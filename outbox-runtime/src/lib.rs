@@ -16,6 +16,7 @@ pub mod retention;
 pub mod status;
 pub mod stream;
 mod table;
+pub mod trace;
 mod validate;
 pub mod verify;
 
@@ -48,7 +49,11 @@ pub use outbox_macros::OutboxEvent;
 /// - `0006_consumer_attempts.sql`: the consumers' own state: handler attempts (the give-up
 ///   budget), the consumer names in use (one event type per name), per-subject positions in
 ///   stream order, and the dedupe horizon retention records (see [`consumer`], [`order`] and
-///   [`retention`]).
+///   [`retention`]);
+/// - `0007_outbox_trace_context.sql`: two nullable columns of the outbox table, `traceparent`
+///   and `tracestate`, the W3C trace context of the span each event was emitted in (see
+///   [`trace`]). The contract's columns are unchanged; emit writes them only with the
+///   `opentelemetry` feature, and a relay on a table without them works and says so at start.
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting).
@@ -58,7 +63,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 ///
 /// sqlx records migrations in one table, `_sqlx_migrations`, shared with the service's own
 /// `sqlx::migrate!` migrations. This tolerates the service's entries (it ignores versions it does
-/// not know), and the service's migrator must do the same for the outbox's six
+/// not know), and the service's migrator must do the same for the outbox's seven
 /// (`set_ignore_missing(true)`); `sqlx migrate add` names files by timestamp, so the versions do
 /// not collide. If the service numbers its migrations 1, 2, 3, … they do collide and this
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder
