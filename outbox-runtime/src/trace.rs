@@ -72,13 +72,9 @@ impl TraceContext {
     }
 
     /// A new root: a random trace id and span id, sampled.
+    #[cfg(test)]
     pub(crate) fn new_root() -> TraceContext {
-        let trace = Uuid::new_v4().simple();
-        let span = Uuid::new_v4().as_u64_pair().0.max(1);
-        TraceContext {
-            traceparent: format!("00-{trace}-{span:016x}-01"),
-            tracestate: None,
-        }
+        Roots::new().next()
     }
 
     /// The `traceparent` value.
@@ -104,6 +100,38 @@ impl TraceContext {
     /// Whether the sampled flag is set.
     pub fn sampled(&self) -> bool {
         u8::from_str_radix(&self.traceparent[53..55], 16).is_ok_and(|flags| flags & 1 == 1)
+    }
+}
+
+/// New root contexts, each with a trace id of its own: a random seed per generator (one
+/// system random number per relay batch, not two per message), stepped with SplitMix64.
+#[derive(Debug)]
+pub(crate) struct Roots {
+    state: u64,
+}
+
+impl Roots {
+    pub(crate) fn new() -> Roots {
+        Roots {
+            state: Uuid::new_v4().as_u64_pair().0,
+        }
+    }
+
+    fn step(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The next root: sampled, neither id zero.
+    pub(crate) fn next(&mut self) -> TraceContext {
+        let (high, low, span) = (self.step(), self.step().max(1), self.step().max(1));
+        TraceContext {
+            traceparent: format!("00-{high:016x}{low:016x}-{span:016x}-01"),
+            tracestate: None,
+        }
     }
 }
 
@@ -249,14 +277,22 @@ mod tests {
 
     #[test]
     fn a_new_root_is_a_valid_sampled_traceparent_of_its_own() {
-        let a = TraceContext::new_root();
-        let b = TraceContext::new_root();
-        assert!(
-            TraceContext::parse(a.traceparent(), None).is_some(),
-            "{a:?}"
+        let mut roots = Roots::new();
+        let all: Vec<TraceContext> = (0..1000).map(|_| roots.next()).collect();
+        for cx in &all {
+            assert!(
+                TraceContext::parse(cx.traceparent(), None).is_some(),
+                "{cx:?}"
+            );
+            assert!(cx.sampled());
+        }
+        let traces: std::collections::HashSet<&str> = all.iter().map(|c| c.trace_id()).collect();
+        assert_eq!(traces.len(), all.len(), "a trace id each");
+        assert_ne!(
+            TraceContext::new_root().trace_id(),
+            TraceContext::new_root().trace_id(),
+            "generators are seeded apart"
         );
-        assert!(a.sampled());
-        assert_ne!(a.trace_id(), b.trace_id());
     }
 
     #[cfg(feature = "opentelemetry")]

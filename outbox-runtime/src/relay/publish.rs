@@ -26,7 +26,7 @@ use super::message::message;
 use super::row::Row;
 use super::streams::{Capture, Streams};
 use crate::metrics as names;
-use crate::trace::TraceContext;
+use crate::trace::{Roots, TraceContext};
 
 /// How often, and how far apart, a publish answered by "no responders" (a stream electing a
 /// leader) or "JetStream temporarily unavailable" is sent again within the batch.
@@ -137,6 +137,8 @@ struct Run<'a> {
     /// The context each row is sent in (its `traceparent` header), once it was prepared: the
     /// same on every send of the row within the batch.
     sent_in: Vec<Option<TraceContext>>,
+    /// New roots for the rows that have no trace context to send.
+    roots: Roots,
     /// Each row's `outbox.publish` span, from its first send to its ack or its end.
     #[cfg(feature = "opentelemetry")]
     spans: Vec<Option<tracing::Span>>,
@@ -159,6 +161,7 @@ impl<'a> Run<'a> {
             elections: HashMap::new(),
             verify_duplicates: before_2_11(&to.jetstream.client().server_info().version),
             sent_in: vec![None; rows.len()],
+            roots: Roots::new(),
             #[cfg(feature = "opentelemetry")]
             spans: vec![None; rows.len()],
         }
@@ -178,7 +181,7 @@ impl<'a> Run<'a> {
         let spanned = None;
         let cx = spanned
             .or_else(|| self.rows[i].trace.clone())
-            .unwrap_or_else(TraceContext::new_root);
+            .unwrap_or_else(|| self.roots.next());
         self.sent_in[i] = Some(cx.clone());
         cx
     }
