@@ -178,6 +178,15 @@ mod otel {
         }
 
         /// [`of_span`](Self::of_span) of the current span: what emit stores.
+        ///
+        /// ```
+        /// use outbox_runtime::trace::TraceContext;
+        ///
+        /// // without a `tracing_opentelemetry` layer, a span has no context to store
+        /// let span = tracing::info_span!("work");
+        /// let _in_it = span.enter();
+        /// assert_eq!(TraceContext::current(), None);
+        /// ```
         pub fn current() -> Option<TraceContext> {
             TraceContext::of_span(&tracing::Span::current())
         }

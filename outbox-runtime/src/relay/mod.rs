@@ -226,6 +226,14 @@ impl Relay {
     /// Whether this relay carries the trace context stored with each event: the outbox table
     /// has migration 0007's `traceparent` and `tracestate` columns (checked at start, which
     /// warns once when they are missing). See [`crate::trace`].
+    ///
+    /// ```no_run
+    /// # async fn run(relay: outbox_runtime::Relay) {
+    /// if !relay.carries_trace_context() {
+    ///     eprintln!("apply migrations/0007_outbox_trace_context.sql to carry traces");
+    /// }
+    /// # }
+    /// ```
     pub fn carries_trace_context(&self) -> bool {
         self.trace_columns
     }
