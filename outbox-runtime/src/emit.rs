@@ -45,10 +45,29 @@ pub(crate) use wake_lock;
 /// `created_at` is `clock_timestamp()` rather than the column default `now()`, so two events
 /// emitted in one transaction keep their emit order (`now()` is the transaction's start time for
 /// every statement in it). The wake-up rides in the same statement: no extra round trip.
+/// Without the `opentelemetry` feature the trace columns are not named (they stay null), so the
+/// insert also works on a table without migration 0007.
+#[cfg(not(feature = "opentelemetry"))]
 const INSERT: &str = concat!(
     "with inserted as (",
     " insert into outbox_events (id, event_type, source, subject, time, data, created_at)",
     " values ($1, $2, $3, $4, $5, $6, clock_timestamp()) returning 1)",
+    " select pg_notify('",
+    notify_channel!(),
+    "', '') from inserted",
+    " where not pg_try_advisory_xact_lock_shared(",
+    wake_lock!(),
+    ")"
+);
+
+/// The insert with the trace context of the emitting span (`$7`, `$8`: null outside one), in
+/// the same statement.
+#[cfg(feature = "opentelemetry")]
+const INSERT: &str = concat!(
+    "with inserted as (",
+    " insert into outbox_events",
+    " (id, event_type, source, subject, time, data, created_at, traceparent, tracestate)",
+    " values ($1, $2, $3, $4, $5, $6, clock_timestamp(), $7, $8) returning 1)",
     " select pg_notify('",
     notify_channel!(),
     "', '') from inserted",
@@ -197,19 +216,56 @@ struct Row<'a> {
 
 async fn insert(conn: &mut PgConnection, row: Row<'_>) -> Result<Uuid> {
     let id = Uuid::now_v7();
+    // the caller's span, before the emit's own (a child of it) is entered
+    #[cfg(feature = "opentelemetry")]
+    let trace = crate::trace::TraceContext::current();
     let span = tracing::debug_span!("outbox.emit", event_type = row.event_type, %id);
-    sqlx::query(INSERT)
+    let query = sqlx::query(INSERT)
         .bind(id)
         .bind(row.event_type)
         .bind(row.source)
         .bind(&row.subject)
         .bind(row.time)
-        .bind(sqlx::types::Json(&row.data))
+        .bind(sqlx::types::Json(&row.data));
+    #[cfg(feature = "opentelemetry")]
+    let query = query
+        .bind(trace.as_ref().map(|t| t.traceparent()))
+        .bind(trace.as_ref().and_then(|t| t.tracestate()));
+    query
         .execute(conn)
         .instrument(span)
         .await
-        .map_err(|e| OUTBOX_EVENTS.error(e))?;
+        .map_err(insert_error)?;
     metrics::counter!(crate::metrics::EMITTED, "event_type" => row.event_type.to_owned())
         .increment(1);
     Ok(id)
+}
+
+/// An insert's error: a missing table or (with the `opentelemetry` feature) missing trace
+/// columns name the migration that creates them.
+fn insert_error(e: sqlx::Error) -> Error {
+    #[cfg(feature = "opentelemetry")]
+    if let sqlx::Error::Database(db) = &e {
+        if db.code().as_deref() == Some("42703") {
+            return Error::MissingColumn {
+                table: OUTBOX_EVENTS.name,
+                column: "traceparent",
+                migration: crate::table::TRACE_CONTEXT_MIGRATION,
+            };
+        }
+    }
+    OUTBOX_EVENTS.error(e)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_insert_notifies_only_when_it_cannot_take_the_wake_lock_shared() {
+        let tail = concat!(
+            "from inserted where not pg_try_advisory_xact_lock_shared(",
+            wake_lock!(),
+            ")"
+        );
+        assert!(super::INSERT.ends_with(tail), "{}", super::INSERT);
+    }
 }

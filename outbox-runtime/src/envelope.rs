@@ -4,6 +4,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::trace::TraceContext;
+
 /// CloudEvents spec version this crate publishes.
 pub const SPEC_VERSION: &str = "1.0";
 /// The envelope's `datacontenttype`.
@@ -42,6 +44,14 @@ pub struct Envelope<T = serde_json::Value> {
     pub time: DateTime<Utc>,
     /// Always `"application/json"`.
     pub datacontenttype: String,
+    /// The CloudEvents distributed-tracing extension: the W3C `traceparent` of the span the
+    /// event was emitted in (the trace it started in), absent when the row has none (see
+    /// [`trace`](crate::trace)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The `tracestate` that came with [`traceparent`](Self::traceparent), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
     /// The payload, valid against the event type's schema.
     pub data: T,
 }
@@ -64,6 +74,8 @@ impl<T> Envelope<T> {
             subject: subject.into(),
             time,
             datacontenttype: DATA_CONTENT_TYPE.to_owned(),
+            traceparent: None,
+            tracestate: None,
             data,
         }
     }
@@ -81,6 +93,10 @@ pub(crate) struct EnvelopeRef<'a> {
     subject: &'a str,
     time: DateTime<Utc>,
     datacontenttype: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracestate: Option<&'a str>,
     data: &'a serde_json::value::RawValue,
 }
 
@@ -101,8 +117,17 @@ impl<'a> EnvelopeRef<'a> {
             subject,
             time,
             datacontenttype: DATA_CONTENT_TYPE,
+            traceparent: None,
+            tracestate: None,
             data,
         }
+    }
+
+    /// With the trace context the event was emitted in, as the extension attributes.
+    pub(crate) fn traced(mut self, trace: Option<&'a TraceContext>) -> Self {
+        self.traceparent = trace.map(TraceContext::traceparent);
+        self.tracestate = trace.and_then(TraceContext::tracestate);
+        self
     }
 
     /// The JSON body, in a buffer sized for it up front: the keys, the fixed values, the id
@@ -114,7 +139,14 @@ impl<'a> EnvelopeRef<'a> {
     }
 
     fn capacity(&self) -> usize {
-        256 + self.event_type.len() + self.source.len() + self.subject.len() + self.data.get().len()
+        // `,"traceparent":""` and `,"tracestate":""` take 17 and 16 bytes
+        let trace = self.traceparent.map_or(0, |t| 17 + t.len())
+            + self.tracestate.map_or(0, |t| 16 + t.len());
+        256 + self.event_type.len()
+            + self.source.len()
+            + self.subject.len()
+            + self.data.get().len()
+            + trace
     }
 }
 
@@ -144,6 +176,33 @@ mod tests {
             String::from_utf8(borrowed).unwrap(),
             String::from_utf8(owned).unwrap()
         );
+    }
+
+    #[test]
+    fn the_trace_context_is_carried_as_the_cloudevents_extension_attributes() {
+        let data = serde_json::value::RawValue::from_string(r#"{"a":1}"#.to_owned()).unwrap();
+        let time = Utc::now();
+        let id = Uuid::now_v7();
+        let plain = EnvelopeRef::new(id, "t.e.a", "s", "x", time, &data)
+            .to_vec()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&plain).unwrap();
+        assert!(json.get("traceparent").is_none() && json.get("tracestate").is_none());
+
+        let trace = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("vendor=opaque"),
+        )
+        .unwrap();
+        let traced = EnvelopeRef::new(id, "t.e.a", "s", "x", time, &data).traced(Some(&trace));
+        let body = traced.to_vec().unwrap();
+        assert_eq!(body.capacity(), traced.capacity(), "the buffer never grew");
+        let envelope: Envelope = serde_json::from_slice(&body).unwrap();
+        assert_eq!(envelope.traceparent.as_deref(), Some(trace.traceparent()));
+        assert_eq!(envelope.tracestate.as_deref(), Some("vendor=opaque"));
+        // and an envelope without them (an older relay's) still reads
+        let old: Envelope = serde_json::from_slice(&plain).unwrap();
+        assert_eq!((old.traceparent, old.tracestate), (None, None));
     }
 
     #[test]

@@ -78,6 +78,17 @@ pub enum Error {
         /// The migration that creates it.
         migration: &'static str,
     },
+    /// A column the crate writes is missing from a table of the outbox's migrations (with the
+    /// `opentelemetry` feature, emit writes the trace context columns of migration 0007).
+    #[error("column `{column}` of table `{table}` does not exist: run the outbox migrations (`outbox migrate`, or `outbox_runtime::migrate(&pool)`, which applies migrations/{migration})")]
+    MissingColumn {
+        /// The table.
+        table: &'static str,
+        /// The missing column.
+        column: &'static str,
+        /// The migration that adds it.
+        migration: &'static str,
+    },
     /// A database error.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),

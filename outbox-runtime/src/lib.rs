@@ -16,6 +16,7 @@ pub mod retention;
 pub mod status;
 pub mod stream;
 mod table;
+pub mod trace;
 mod validate;
 pub mod verify;
 
@@ -49,6 +50,10 @@ pub use outbox_macros::OutboxEvent;
 ///   budget), the consumer names in use (one event type per name), per-subject positions in
 ///   stream order, and the dedupe horizon retention records (see [`consumer`], [`order`] and
 ///   [`retention`]);
+/// - `0007_outbox_trace_context.sql`: two nullable columns of the outbox table, `traceparent`
+///   and `tracestate`, the W3C trace context of the span each event was emitted in (see
+///   [`trace`]). The contract's columns are unchanged; emit writes them only with the
+///   `opentelemetry` feature, and a relay on a table without them works and says so at start.
 /// - `0008_outbox_relays.sql`: the running relays (`outbox_relays`, unlogged), one row each
 ///   with a heartbeat, so that several relays share the subject partitions out between them.
 ///

@@ -62,6 +62,10 @@ pub(crate) const OUTBOX_RELAYS: Table = Table {
     migration: "0008_outbox_relays.sql",
 };
 
+/// The migration that adds the trace context columns (`traceparent`, `tracestate`) to the
+/// outbox table.
+pub(crate) const TRACE_CONTEXT_MIGRATION: &str = "0007_outbox_trace_context.sql";
+
 impl Table {
     /// `e`, with "relation does not exist" turned into [`Error::MissingTable`] naming this
     /// table's migration.

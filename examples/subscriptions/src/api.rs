@@ -51,7 +51,42 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(axum::middleware::from_fn(traced))
         .with_state(state)
+}
+
+/// Runs each request in an `http.request` span (kind server), which an event emitted while
+/// handling it records as its trace context (with the `opentelemetry` feature). The span
+/// continues the caller's trace when the request has a W3C `traceparent` header.
+async fn traced(request: Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+
+    let span = tracing::info_span!(
+        "http.request",
+        "otel.kind" = "server",
+        "http.request.method" = %request.method(),
+        "url.path" = request.uri().path(),
+        "http.response.status_code" = tracing::field::Empty,
+    );
+    #[cfg(feature = "opentelemetry")]
+    {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        if let Some(caller) = header(outbox_runtime::trace::TRACEPARENT).and_then(|tp| {
+            let state = header(outbox_runtime::trace::TRACESTATE);
+            outbox_runtime::trace::TraceContext::parse(&tp, state.as_deref())
+        }) {
+            caller.continue_in(&span);
+        }
+    }
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    response
 }
 
 /// An error answer: `{"error": code, "detail": text}` (plus `violations` for schema errors).

@@ -10,6 +10,9 @@
 //!   a message that gives up goes to `billing.deadletter.welcome`;
 //! - retention deletes published events and dedupe rows past their keep (7 and 14 days);
 //! - `GET /metrics` serves Prometheus metrics, `GET /healthz` answers when the database does;
+//! - every request runs in an `http.request` span; with the `opentelemetry` feature it continues
+//!   the caller's `traceparent` header, and the events it emits carry its trace to the consumer
+//!   (docs/tracing.md; install a `tracing_opentelemetry` layer to export the spans);
 //! - SIGINT/SIGTERM stop it gracefully: requests drain, the relay finishes its batch.
 //!
 //! Invalid requests get a 4xx with a JSON body `{"error": "...", "detail": "..."}`, never a 500.

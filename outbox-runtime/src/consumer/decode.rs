@@ -90,6 +90,8 @@ pub fn decode_with<E: OutboxEvent>(
         subject: raw.subject,
         time: raw.time,
         datacontenttype: raw.datacontenttype,
+        traceparent: raw.traceparent,
+        tracestate: raw.tracestate,
         data,
     })
 }

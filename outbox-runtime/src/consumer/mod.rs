@@ -90,7 +90,9 @@ pub struct Delivery<E> {
     pub stream_sequence: u64,
     /// When the stream was created (with the sequence, the message's place in stream order).
     pub stream_created: DateTime<Utc>,
-    /// The W3C `traceparent` the relay put on the message, if any.
+    /// The message's W3C `traceparent` header: the relay's publish span of this message (with
+    /// the `opentelemetry` feature, the parent of the `outbox.consume` span the handler runs
+    /// in). The context the event was emitted in is the envelope's `traceparent`.
     pub traceparent: Option<String>,
     consumer: Arc<str>,
 }

@@ -80,11 +80,14 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             .info()
             .map(|i| (i.delivered.max(1) as u64, i.stream_sequence))
             .unwrap_or((1, 0));
-        let traceparent = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("traceparent"))
-            .map(|v| v.as_str().to_owned());
+        let header = |name: &str| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        let traceparent = header(crate::trace::TRACEPARENT);
         let span = tracing::info_span!(
             "outbox.consume",
             consumer = %self.name,
@@ -92,7 +95,15 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             event_id = tracing::field::Empty,
             delivered,
             traceparent = traceparent.as_deref().unwrap_or(""),
+            "otel.kind" = "consumer",
         );
+        // the handler's span continues the trace of the message's publish span
+        #[cfg(feature = "opentelemetry")]
+        if let Some(sent_in) = traceparent.as_deref().and_then(|tp| {
+            crate::trace::TraceContext::parse(tp, header(crate::trace::TRACESTATE).as_deref())
+        }) {
+            sent_in.continue_in(&span);
+        }
         if delivered > 1 {
             metrics::counter!(m::CONSUMER_REDELIVERIES, "consumer" => self.name.to_string())
                 .increment(1);

@@ -9,7 +9,7 @@ use tokio::time::timeout;
 
 use super::config::RelayConfig;
 use crate::error::{Error, Result};
-use crate::table::{OUTBOX_EVENTS, OUTBOX_RELAYS, OUTBOX_RETRIES};
+use crate::table::{OUTBOX_EVENTS, OUTBOX_RELAYS, OUTBOX_RETRIES, TRACE_CONTEXT_MIGRATION};
 
 /// The pool allows a connection per lane, one for `LISTEN` and one for the wake lock.
 pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
@@ -60,6 +60,23 @@ pub(super) async fn tables(pool: &PgPool) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether the outbox table has the trace context columns of migration 0007; without them the
+/// relay publishes as before, and says once (here, at start) that it carries no traces.
+pub(super) async fn trace_columns(pool: &PgPool) -> Result<bool> {
+    match sqlx::query(super::sql::TRACE_COLUMNS).execute(pool).await {
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42703") => {
+            tracing::warn!(
+                table = OUTBOX_EVENTS.name,
+                migration = TRACE_CONTEXT_MIGRATION,
+                "outbox relay: the outbox table has no trace context columns (traceparent, tracestate), so traces will not be carried from the emitting request to consumers; apply migrations/{TRACE_CONTEXT_MIGRATION} (`outbox migrate`) to carry them"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(OUTBOX_EVENTS.error(e)),
+    }
 }
 
 /// NATS answers with JetStream enabled for this account.

@@ -12,7 +12,6 @@ use uuid::Uuid;
 
 use super::floor::Floor;
 use super::lanes::{Lane, Waiting};
-use super::message::Trace;
 use super::position::{Position, Stamp};
 use super::publish::{self, Publisher, Settled};
 use super::row::{Row, Tid};
@@ -57,6 +56,15 @@ impl fmt::Debug for Claim<'_> {
             .field("report", &self.report)
             .finish_non_exhaustive()
     }
+}
+
+/// Which claim statement [`Claim::fetch`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    /// [`CLAIM_DUE`](sql::CLAIM_DUE): the heads whose retry is due.
+    Due,
+    /// [`CLAIM`](sql::CLAIM): the claimable rows after the floor.
+    Main,
 }
 
 /// What the batch learns first ([`SETTINGS`](sql::SETTINGS)).
@@ -110,7 +118,7 @@ impl<'r> Claim<'r> {
             };
             if start.parked {
                 claim.rows = claim
-                    .fetch(sql::CLAIM_DUE, relay.config.batch_size, None)
+                    .fetch(Which::Due, relay.config.batch_size, None)
                     .await?;
                 claim.due = claim.rows.len();
             }
@@ -124,23 +132,29 @@ impl<'r> Claim<'r> {
     }
 
     /// [`CLAIM_DUE`](sql::CLAIM_DUE) or [`CLAIM`](sql::CLAIM) (after `after`, or the floor), up
-    /// to `limit` rows.
+    /// to `limit` rows; with the trace context columns when the table has them.
     async fn fetch(
         &mut self,
-        statement: &'static str,
+        which: Which,
         limit: usize,
         after: Option<Position>,
     ) -> Result<Vec<Row>> {
         let config = &self.relay.config;
         let lane = self.lane;
         let from = after.unwrap_or(self.floor);
+        let statement = match (which, self.relay.trace_columns) {
+            (Which::Due, false) => sql::CLAIM_DUE,
+            (Which::Due, true) => sql::CLAIM_DUE_TRACED,
+            (Which::Main, false) => sql::CLAIM,
+            (Which::Main, true) => sql::CLAIM_TRACED,
+        };
         let query = sqlx::query(statement)
             .bind(limit as i64)
             .bind(config.partitions)
             .bind(lane.count)
             .bind(lane.index)
             .bind(LOCK_NAMESPACE);
-        let query = if statement == sql::CLAIM {
+        let query = if which == Which::Main {
             query.bind(from.at_text()).bind(from.id).bind(&self.paused)
         } else {
             query
@@ -159,14 +173,14 @@ impl<'r> Claim<'r> {
         if limit == 0 {
             return Ok(());
         }
-        let mut rows = self.fetch(sql::CLAIM, limit, None).await?;
+        let mut rows = self.fetch(Which::Main, limit, None).await?;
         let full = rows.len() == limit;
         let last = rows.last().map(|r| r.position);
         let mut cut = self.cut_holes(&mut rows).await?;
         if full && !cut.is_empty() {
             self.paused.extend(cut.iter().cloned());
             let room = limit - rows.len();
-            let mut more = self.fetch(sql::CLAIM, room, last).await?;
+            let mut more = self.fetch(Which::Main, room, last).await?;
             rows.append(&mut more);
             cut.extend(self.cut_holes(&mut rows).await?);
         }
@@ -315,17 +329,14 @@ impl<'r> Claim<'r> {
         if self.settled.is_some() {
             return self.report;
         }
-        let trace = Trace::new();
-        let span =
-            tracing::debug_span!("outbox.publish", rows = self.rows.len(), trace_id = %trace.id());
+        // each message has a span of its own, outbox.publish, which this one links to
+        let span = tracing::debug_span!("outbox.batch", rows = self.rows.len());
         let to = Publisher {
             jetstream: &self.relay.jetstream,
             config: &self.relay.config,
             streams: &self.relay.streams,
         };
-        let settled = publish::publish(&self.rows, to, &trace)
-            .instrument(span)
-            .await;
+        let settled = publish::publish(&self.rows, to).instrument(span).await;
         self.report
             .apply(&settled, &self.rows, self.relay.config.max_attempts);
         self.settled = Some(settled);

@@ -186,6 +186,7 @@ mod tests {
             subject: "s".into(),
             attempts,
             event,
+            trace: None,
         }
     }
 

@@ -1,52 +1,26 @@
-//! The NATS message of a row: the CloudEvents envelope as its body, and its headers
-//! (`Nats-Msg-Id`, `Content-Type`, `traceparent`).
+//! The NATS message of a row: the CloudEvents envelope as its body (with the trace context the
+//! event was emitted in as its `traceparent`/`tracestate` extension attributes), and its
+//! headers (`Nats-Msg-Id`, `Content-Type`, `traceparent`, `tracestate`).
 
 use async_nats::{HeaderMap, HeaderName};
 use uuid::Uuid;
 
 use super::row::{Event, Row};
 use crate::envelope::EnvelopeRef;
+use crate::trace::TraceContext;
 use crate::CONTENT_TYPE;
 
 const CONTENT_TYPE_HEADER: HeaderName = HeaderName::from_static("Content-Type");
-const TRACEPARENT_HEADER: HeaderName = HeaderName::from_static("traceparent");
+const TRACEPARENT_HEADER: HeaderName = HeaderName::from_static(crate::trace::TRACEPARENT);
+const TRACESTATE_HEADER: HeaderName = HeaderName::from_static(crate::trace::TRACESTATE);
 
-/// The W3C trace of one batch: each message carries its own span id under it, so a consumer's
-/// span (which records the header) links to this publish.
-#[derive(Debug)]
-pub(super) struct Trace {
-    id: String,
-    span_base: u64,
-}
-
-impl Trace {
-    /// A new random trace.
-    pub(super) fn new() -> Trace {
-        Trace {
-            id: Uuid::new_v4().simple().to_string(),
-            span_base: Uuid::new_v4().as_u64_pair().0,
-        }
-    }
-
-    /// The trace id (32 hex digits).
-    pub(super) fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The `traceparent` (version 00, sampled) of the `i`-th row of the batch: the batch's
-    /// random span base plus the row's position, unique in the trace and never zero.
-    pub(super) fn traceparent(&self, i: usize) -> String {
-        let span_id = self.span_base.wrapping_add(i as u64 + 1).max(1);
-        format!("00-{}-{span_id:016x}-01", self.id)
-    }
-}
-
-/// The body and headers of the `i`-th row of a batch, whose columns are `event`.
+/// The body and headers of `row`, whose columns are `event`; `sent_in` is the context the
+/// message is sent in (its publish span's, see [`super::publish`]), carried by the trace
+/// headers.
 pub(super) fn message(
     row: &Row,
     event: &Event,
-    trace: &Trace,
-    i: usize,
+    sent_in: &TraceContext,
 ) -> serde_json::Result<(Vec<u8>, HeaderMap)> {
     let body = EnvelopeRef::new(
         row.id,
@@ -56,12 +30,16 @@ pub(super) fn message(
         event.time,
         &event.data,
     )
+    .traced(row.trace.as_ref())
     .to_vec()?;
     // Owned values move into the map; the names are constants.
     let mut headers = HeaderMap::new();
     headers.insert(async_nats::header::NATS_MESSAGE_ID, hyphenated(row.id));
     headers.insert(CONTENT_TYPE_HEADER, CONTENT_TYPE);
-    headers.insert(TRACEPARENT_HEADER, trace.traceparent(i));
+    headers.insert(TRACEPARENT_HEADER, sent_in.traceparent());
+    if let Some(state) = sent_in.tracestate() {
+        headers.insert(TRACESTATE_HEADER, state);
+    }
     Ok((body, headers))
 }
 
@@ -74,24 +52,80 @@ fn hyphenated(id: Uuid) -> String {
 
 #[cfg(test)]
 mod tests {
+    use chrono::Utc;
+    use serde_json::value::RawValue;
+
+    use super::super::position::{Position, Stamp};
     use super::*;
 
+    fn row(trace: Option<TraceContext>) -> (Row, Event) {
+        let id = Uuid::now_v7();
+        let row = Row {
+            id,
+            ctid: super::super::row::tests_tid(),
+            position: Position {
+                at: Stamp::At(Utc::now()),
+                id,
+            },
+            subject: "s".into(),
+            attempts: 0,
+            event: Err(String::new()),
+            trace,
+        };
+        let event = Event {
+            event_type: "billing.invoice.paid".into(),
+            source: "billing".into(),
+            time: Utc::now(),
+            data: RawValue::from_string("{}".into()).unwrap(),
+        };
+        (row, event)
+    }
+
+    fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+        headers.get(name).map(|v| v.as_str().to_owned())
+    }
+
     #[test]
-    fn traceparents_are_w3c_and_unique_per_row() {
-        let trace = Trace::new();
-        let a = trace.traceparent(0);
-        let b = trace.traceparent(1);
-        assert_ne!(a, b);
-        for tp in [&a, &b] {
-            let parts: Vec<&str> = tp.split('-').collect();
-            assert_eq!(parts.len(), 4, "{tp}");
-            assert_eq!(parts[0], "00");
-            assert_eq!(parts[1], trace.id());
-            assert_eq!(parts[1].len(), 32);
-            assert_eq!(parts[2].len(), 16);
-            assert_ne!(parts[2], "0000000000000000", "a span id is never zero");
-            assert_eq!(parts[3], "01");
-        }
+    fn the_envelope_carries_the_emit_context_and_the_headers_the_send_context() {
+        let emitted = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("vendor=emit"),
+        )
+        .unwrap();
+        let sent = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01",
+            Some("vendor=send"),
+        )
+        .unwrap();
+        let (row, event) = row(Some(emitted.clone()));
+        let (body, headers) = message(&row, &event, &sent).unwrap();
+        let envelope: crate::Envelope = serde_json::from_slice(&body).unwrap();
+        assert_eq!(envelope.traceparent.as_deref(), Some(emitted.traceparent()));
+        assert_eq!(envelope.tracestate.as_deref(), Some("vendor=emit"));
+        assert_eq!(
+            header(&headers, "traceparent").as_deref(),
+            Some(sent.traceparent())
+        );
+        assert_eq!(
+            header(&headers, "tracestate").as_deref(),
+            Some("vendor=send")
+        );
+        assert_eq!(header(&headers, "Nats-Msg-Id"), Some(row.id.to_string()));
+    }
+
+    #[test]
+    fn a_row_without_a_context_has_no_extension_attributes_and_a_root_header() {
+        let (row, event) = row(None);
+        let root = TraceContext::new_root();
+        let (body, headers) = message(&row, &event, &root).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(json.get("traceparent").is_none(), "{json}");
+        assert!(json.get("tracestate").is_none(), "{json}");
+        assert_eq!(
+            header(&headers, "traceparent").as_deref(),
+            Some(root.traceparent())
+        );
+        assert_eq!(header(&headers, "tracestate"), None);
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub struct Relay {
     sleepers: std::sync::Arc<wake::Sleepers>,
     /// The floor of [`Relay::claim`]'s batches (every partition).
     floor: tokio::sync::Mutex<floor::Floor>,
+    /// Whether the table has the trace context columns (migration 0007).
+    trace_columns: bool,
 }
 
 impl fmt::Debug for Relay {
@@ -181,7 +183,8 @@ impl Relay {
     /// configuration is valid, the pool allows a connection per lane and one for `LISTEN`
     /// ([`RelayConfig::lanes`] + 1), Postgres answers and has the outbox table, NATS answers with
     /// JetStream enabled, and a stream with a long enough duplicate window captures each of
-    /// [`RelayConfig::subjects`].
+    /// [`RelayConfig::subjects`]. A table without the trace context columns (migration 0007)
+    /// is no error: the relay publishes without them and warns once.
     ///
     /// ```no_run
     /// # async fn run(pool: sqlx::PgPool, client: async_nats::Client) -> outbox_runtime::Result<()> {
@@ -201,6 +204,7 @@ impl Relay {
         config.validate()?;
         checks::pool_size(&pool, &config)?;
         checks::tables(&pool).await?;
+        let trace_columns = checks::trace_columns(&pool).await?;
         checks::jetstream(&jetstream, &config).await?;
         checks::streams(&jetstream, &config).await?;
         Ok(Relay {
@@ -213,12 +217,28 @@ impl Relay {
             sleepers: Default::default(),
             floor: tokio::sync::Mutex::new(floor::Floor::new(config.floor_check())),
             config,
+            trace_columns,
         })
     }
 
     /// The relay's configuration.
     pub fn config(&self) -> &RelayConfig {
         &self.config
+    }
+
+    /// Whether this relay carries the trace context stored with each event: the outbox table
+    /// has migration 0007's `traceparent` and `tracestate` columns (checked at start, which
+    /// warns once when they are missing). See [`crate::trace`].
+    ///
+    /// ```no_run
+    /// # async fn run(relay: outbox_runtime::Relay) {
+    /// if !relay.carries_trace_context() {
+    ///     eprintln!("apply migrations/0007_outbox_trace_context.sql to carry traces");
+    /// }
+    /// # }
+    /// ```
+    pub fn carries_trace_context(&self) -> bool {
+        self.trace_columns
     }
 
     /// The subjects this relay's claims leave out at `now`: paused after not being attempted,

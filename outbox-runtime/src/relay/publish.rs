@@ -22,10 +22,11 @@ pub(super) use super::failure::Failure;
 use super::failure::{before_2_11, jetstream_code};
 use super::held::{check, fits, no_stream};
 pub(super) use super::held::{Hold, HoldCause};
-use super::message::{message, Trace};
+use super::message::message;
 use super::row::Row;
 use super::streams::{Capture, Streams};
 use crate::metrics as names;
+use crate::trace::{Roots, TraceContext};
 
 /// How often, and how far apart, a publish answered by "no responders" (a stream electing a
 /// leader) or "JetStream temporarily unavailable" is sent again within the batch.
@@ -133,6 +134,14 @@ struct Run<'a> {
     /// Whether a duplicate ack is checked against the stream before it counts (servers older
     /// than 2.11, whose dedupe map could outlive a message lost in a leader change).
     verify_duplicates: bool,
+    /// The context each row is sent in (its `traceparent` header), once it was prepared: the
+    /// same on every send of the row within the batch.
+    sent_in: Vec<Option<TraceContext>>,
+    /// New roots for the rows that have no trace context to send.
+    roots: Roots,
+    /// Each row's `outbox.publish` span, from its first send to its ack or its end.
+    #[cfg(feature = "opentelemetry")]
+    spans: Vec<Option<tracing::Span>>,
 }
 
 impl<'a> Run<'a> {
@@ -151,6 +160,71 @@ impl<'a> Run<'a> {
             connects: connects(to.jetstream),
             elections: HashMap::new(),
             verify_duplicates: before_2_11(&to.jetstream.client().server_info().version),
+            sent_in: vec![None; rows.len()],
+            roots: Roots::new(),
+            #[cfg(feature = "opentelemetry")]
+            spans: vec![None; rows.len()],
+        }
+    }
+
+    /// The context row `i` is sent in: its publish span's (a child of the context the event
+    /// was emitted in, or a new root), or without one (no `opentelemetry` feature, no
+    /// OpenTelemetry layer, or the span filtered out) the emit context itself, or a new random
+    /// root.
+    fn sent_in(&mut self, i: usize) -> TraceContext {
+        if let Some(cx) = &self.sent_in[i] {
+            return cx.clone();
+        }
+        #[cfg(feature = "opentelemetry")]
+        let spanned = self.publish_span(i);
+        #[cfg(not(feature = "opentelemetry"))]
+        let spanned = None;
+        let cx = spanned
+            .or_else(|| self.rows[i].trace.clone())
+            .unwrap_or_else(|| self.roots.next());
+        self.sent_in[i] = Some(cx.clone());
+        cx
+    }
+
+    /// Opens row `i`'s `outbox.publish` span, parented by the context the event was emitted in
+    /// (a root of its own without one), and links the batch span (the current one) to it.
+    #[cfg(feature = "opentelemetry")]
+    fn publish_span(&mut self, i: usize) -> Option<TraceContext> {
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+        let row = &self.rows[i];
+        let span = tracing::info_span!(
+            parent: None,
+            "outbox.publish",
+            "otel.kind" = "producer",
+            "messaging.system" = "nats",
+            "messaging.operation.type" = "send",
+            "messaging.destination.name" = row.event_type(),
+            "messaging.message.id" = %row.id,
+            "otel.status_code" = tracing::field::Empty,
+            "otel.status_description" = tracing::field::Empty,
+        );
+        if let Some(emitted) = &row.trace {
+            emitted.continue_in(&span);
+        }
+        let started = span.context().span().span_context().clone();
+        let cx = TraceContext::of_span_context(&started)?;
+        tracing::Span::current().add_link(started);
+        self.spans[i] = Some(span);
+        Some(cx)
+    }
+
+    /// Row `i` is done with: its publish span ends, with an error status and `why` unless it
+    /// was acknowledged.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+    fn end_span(&mut self, i: usize, why: Option<&dyn std::fmt::Display>) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(span) = self.spans[i].take() {
+            if let Some(why) = why {
+                span.record("otel.status_code", "error");
+                span.record("otel.status_description", tracing::field::display(why));
+            }
         }
     }
 
@@ -186,6 +260,11 @@ impl<'a> Run<'a> {
 
     /// Row `i` (and the rest of its chain) is done with, without success.
     fn settle(&mut self, i: usize, next: Next) {
+        match &next {
+            Next::Retry => unreachable!("a retry is not an end"),
+            Next::Failed(f) | Next::NotAttempted(f) => self.end_span(i, Some(f)),
+            Next::Held(h) => self.end_span(i, Some(&h.reason)),
+        }
         let settled = &mut self.settled;
         match next {
             Next::Retry => unreachable!("a retry is not an end"),
@@ -198,6 +277,7 @@ impl<'a> Run<'a> {
 
     fn acked(&mut self, i: usize, ack: PublishAck) {
         self.flying[i] = false;
+        self.end_span(i, None);
         self.settled.acked.push(i);
         if ack.duplicate {
             self.settled.duplicates += 1;
@@ -288,15 +368,16 @@ impl<'a> Run<'a> {
 
     /// The message of ready row `i`, or `None` when it is not sent: out of time (it and the
     /// rest of its chain are skipped), or held by the relay's own checks.
-    fn prepare(&mut self, i: usize, trace: &Trace) -> Option<(Vec<u8>, async_nats::HeaderMap)> {
+    fn prepare(&mut self, i: usize) -> Option<(Vec<u8>, async_nats::HeaderMap)> {
         if self.expired {
             self.settled.skipped += 1 + self.chains.rest_after(i);
             return None;
         }
         let max_payload = self.to.jetstream.client().server_info().max_payload;
-        let checked = check(&self.rows[i], self.to.config)
+        let rows = self.rows;
+        let checked = check(&rows[i], self.to.config)
             .and_then(|event| {
-                message(&self.rows[i], event, trace, i)
+                message(&rows[i], event, &self.sent_in(i))
                     .map_err(|e| Hold::new(HoldCause::Unreadable, e.to_string()))
             })
             .and_then(|(body, headers)| fits(body, headers, max_payload));
@@ -395,7 +476,7 @@ impl<'a> Run<'a> {
 
 /// Publishes `rows`: each subject's rows one after the other (the next sent on the previous
 /// one's ack), all subjects at once, every send and ack before `ack_timeout` from now.
-pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> Settled {
+pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
     let mut run = Run::new(rows, to);
     // One timer for the whole batch, raced against every send and every wait.
     let expiry = sleep_until(run.deadline);
@@ -408,7 +489,7 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>, trace: &Trace) -> S
             run.answered(i, result, &mut delayed).await;
         }
         while let Some(i) = run.chains.pop_ready() {
-            let Some((body, headers)) = run.prepare(i, trace) else {
+            let Some((body, headers)) = run.prepare(i) else {
                 continue;
             };
             if !run.connected() {

@@ -11,10 +11,11 @@ use sqlx::postgres::types::Oid;
 use sqlx::postgres::{
     PgArgumentBuffer, PgHasArrayType, PgRow, PgTypeInfo, PgValueFormat, PgValueRef,
 };
-use sqlx::{Postgres, Row as _};
+use sqlx::{Postgres, Row as _, ValueRef as _};
 use uuid::Uuid;
 
 use super::position::{Position, Stamp};
+use crate::trace::TraceContext;
 
 /// One claimed row, in [`CLAIM`](super::sql::CLAIM)'s column order.
 #[derive(Debug)]
@@ -30,6 +31,11 @@ pub(super) struct Row {
     pub(super) attempts: i32,
     /// What the envelope is made of, or why the row cannot be read.
     pub(super) event: Result<Event, String>,
+    /// The trace context the event was emitted in (migration 0007): `None` when the row has
+    /// none, the claim did not read it (a table without the columns), or its `traceparent` is
+    /// not a W3C one (written by hand: the relay then starts a new trace rather than hold the
+    /// row for it).
+    pub(super) trace: Option<TraceContext>,
 }
 
 /// The columns of a row that go into its message.
@@ -49,9 +55,16 @@ impl Row {
     }
 
     /// Decodes a row of [`CLAIM`](super::sql::CLAIM) (`id, event_type, source, subject, time,
-    /// data, created_at, attempts, ctid`). Only `id` and `ctid`, which Postgres always writes
-    /// in a readable form, fail the whole row.
+    /// data, created_at, attempts, ctid`, then `traceparent, tracestate` if the claim read
+    /// them). Only `id` and `ctid`, which Postgres always writes in a readable form, fail the
+    /// whole row.
     pub(super) fn decode(row: &PgRow) -> sqlx::Result<Row> {
+        let trace = if row.len() > 10 {
+            let tracestate = optional_text(row, 10);
+            optional_text(row, 9).and_then(|tp| TraceContext::parse(&tp, tracestate.as_deref()))
+        } else {
+            None
+        };
         let id: Uuid = row.try_get(0)?;
         let ctid: Tid = row.try_get(8)?;
         let attempts: i32 = row.try_get(7)?;
@@ -97,7 +110,20 @@ impl Row {
             subject,
             attempts,
             event,
+            trace,
         })
+    }
+}
+
+/// A nullable text column: `None` when null or not UTF-8.
+fn optional_text(row: &PgRow, index: usize) -> Option<String> {
+    let value = row.try_get_raw(index).ok()?;
+    if value.is_null() {
+        return None;
+    }
+    match text(row, index) {
+        (s, true) => Some(s),
+        (_, false) => None,
     }
 }
 

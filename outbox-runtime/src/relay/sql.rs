@@ -54,57 +54,79 @@ select set_config('synchronous_commit', 'off', true),
        pg_snapshot_xmin(pg_current_snapshot())::text as xmin,
        pg_snapshot_xmax(pg_current_snapshot())::text as xmax";
 
-/// The columns of a claimed row, in [`Row::decode`](super::row::Row::decode)'s order.
+/// The columns of a claimed row, in [`Row::decode`](super::row::Row::decode)'s order; `traced`
+/// adds the trace context of migration 0007 (a table without it is claimed without them).
 macro_rules! columns {
     () => {
         "o.id, o.event_type, o.source, o.subject, o.time, o.data, o.created_at, o.attempts, o.ctid"
     };
+    (traced) => {
+        concat!(columns!(), ", o.traceparent, o.tracestate")
+    };
 }
+
+/// Whether the outbox table has the trace context columns (migration 0007): fails with
+/// `undefined_column` when it has not.
+pub(super) const TRACE_COLUMNS: &str = "select traceparent, tracestate from outbox_events limit 0";
 
 /// The heads of the subjects whose retry is due, in the lane (`$2`-`$4`), with their
 /// partition's advisory lock (`$5`); `$1` limits them. The schedule names each head by id: the
 /// due ids come first (the schedule's index on `retry_at`), then each head by primary key,
 /// whatever the planner thinks of the schedule's size.
-pub(super) const CLAIM_DUE: &str = concat!(
-    "select ",
-    columns!(),
-    "  from outbox_events o",
-    " where o.id = any(array(select r.event_id from outbox_retries r",
-    "                         where r.retry_at <= now() order by r.retry_at limit $1 * 4))",
-    "   and o.published_at is null",
-    "   and case when ",
-    partition!("$2"),
-    " % $3 = $4 then pg_try_advisory_xact_lock($5, ",
-    partition!("$2"),
-    ") end",
-    " order by o.created_at, o.id",
-    " limit $1",
-    "   for update of o skip locked"
-);
+macro_rules! claim_due {
+    ($($traced:ident)?) => {
+        concat!(
+            "select ",
+            columns!($($traced)?),
+            "  from outbox_events o",
+            " where o.id = any(array(select r.event_id from outbox_retries r",
+            "                         where r.retry_at <= now() order by r.retry_at limit $1 * 4))",
+            "   and o.published_at is null",
+            "   and case when ",
+            partition!("$2"),
+            " % $3 = $4 then pg_try_advisory_xact_lock($5, ",
+            partition!("$2"),
+            ") end",
+            " order by o.created_at, o.id",
+            " limit $1",
+            "   for update of o skip locked"
+        )
+    };
+}
+pub(super) const CLAIM_DUE: &str = claim_due!();
+/// [`CLAIM_DUE`] with the trace context columns.
+pub(super) const CLAIM_DUE_TRACED: &str = claim_due!(traced);
 
 /// The claim: unpublished rows after the floor (`$6`, `$7`), in the relay's order, of the
 /// lane's partitions (`$2`-`$4`), whose subject is neither parked nor paused by this relay
 /// (`$8`), with the partition's advisory lock (`$5`); `skip locked` skips others' rows.
-pub(super) const CLAIM: &str = concat!(
-    "select ",
-    columns!(),
-    "  from outbox_events o",
-    " where o.published_at is null",
-    "   and ",
-    after_floor!("$6", "$7"),
-    "   and case when ",
-    partition!("$2"),
-    " % $3 = $4",
-    "             and not ",
-    parked!(),
-    "             and o.subject not in (select unnest($8::text[]))",
-    "            then pg_try_advisory_xact_lock($5, ",
-    partition!("$2"),
-    ") end",
-    " order by o.created_at, o.id",
-    " limit $1",
-    "   for update of o skip locked"
-);
+macro_rules! claim {
+    ($($traced:ident)?) => {
+        concat!(
+            "select ",
+            columns!($($traced)?),
+            "  from outbox_events o",
+            " where o.published_at is null",
+            "   and ",
+            after_floor!("$6", "$7"),
+            "   and case when ",
+            partition!("$2"),
+            " % $3 = $4",
+            "             and not ",
+            parked!(),
+            "             and o.subject not in (select unnest($8::text[]))",
+            "            then pg_try_advisory_xact_lock($5, ",
+            partition!("$2"),
+            ") end",
+            " order by o.created_at, o.id",
+            " limit $1",
+            "   for update of o skip locked"
+        )
+    };
+}
+pub(super) const CLAIM: &str = claim!();
+/// [`CLAIM`] with the trace context columns.
+pub(super) const CLAIM_TRACED: &str = claim!(traced);
 
 /// [`CLAIM`]'s rows from the floor (`$4`, `$5`) to the claim's last (`$6`, `$7`), without its
 /// locks: when their number is the claim's, no claimed subject can have a hole, and
@@ -312,6 +334,15 @@ mod tests {
             assert!(at < lock, "{condition} comes before the lock");
         }
         assert!(claim.ends_with("order by o.created_at, o.id limit $1 for update of o skip locked"));
+    }
+
+    #[test]
+    fn the_traced_claims_read_the_trace_columns_after_the_others_and_nothing_else() {
+        for (plain, traced) in [(CLAIM, CLAIM_TRACED), (CLAIM_DUE, CLAIM_DUE_TRACED)] {
+            assert!(!plain.contains("traceparent"), "{plain}");
+            let columns = concat!(columns!(), ", o.traceparent, o.tracestate");
+            assert_eq!(traced.replacen(columns, columns!(), 1), plain);
+        }
     }
 
     #[test]

@@ -431,7 +431,9 @@ async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_ove
     }
     eprintln!("slots each relay was seen working on (mod {slots}): {seen:?}");
     // the slot relay-3 worked on last
-    let dead = vec![*last.get("relay-3").expect("relay-3 was seen working on one slot")];
+    let dead = vec![*last
+        .get("relay-3")
+        .expect("relay-3 was seen working on one slot")];
 
     // relay-3 dies mid-drain: its task is dropped without a shutdown (its batch rolled back,
     // its row left in outbox_relays, as a killed process leaves it)

@@ -15,12 +15,14 @@ use uuid::Uuid;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// The wake lock's entries in `pg_locks`: (granted, waiting).
+/// The wake lock's entries in `pg_locks` for the test's database (advisory locks are per
+/// database): (granted, waiting).
 async fn wake_lock(ctx: &Ctx) -> (i64, i64) {
     sqlx::query_as(
         "select count(*) filter (where granted), count(*) filter (where not granted) \
            from pg_locks where locktype = 'advisory' and classid = $1::int8::oid \
-            and objid = ($2::int8 & 4294967295)::oid and objsubid = 2 and mode = 'ExclusiveLock'",
+            and objid = ($2::int8 & 4294967295)::oid and objsubid = 2 and mode = 'ExclusiveLock' \
+            and database = (select oid from pg_database where datname = current_database())",
     )
     .bind(i64::from(LOCK_NAMESPACE))
     .bind(i64::from(WAKE_KEY))
