@@ -1,8 +1,9 @@
-//! `latency`: commit-to-stream latency at a steady 1,000 events/s.
+//! `latency`: commit-to-stream latency at a steady 1,000 events/s (`--rate=N` for another
+//! rate: `--rate=10` is a quiet service, whose relay waits for commits between events).
 //!
 //! An emitter commits one event per transaction (`emit_raw`, validated against
 //! `bench.order.placed`, 1,000 subjects in round robin) on a fixed schedule, one every
-//! millisecond for 10 s; each emit runs in its own task on a pool of 32 connections, so a slow
+//! millisecond (at the default rate) for 10 s, or for 30 s below 100 events/s; each emit runs in its own task on a pool of 32 connections, so a slow
 //! commit does not shift the schedule. One relay runs with its LISTEN/NOTIFY wake-up (fallback
 //! poll 5 s, the default). An ordered JetStream consumer on the stream reads every message.
 //!
@@ -24,7 +25,10 @@ use uuid::Uuid;
 
 use crate::common::{self, BenchStream};
 
-const RATE: u64 = 1_000;
+/// Events per second: `--rate`, default 1,000.
+fn rate() -> u64 {
+    common::option("rate").unwrap_or(1_000).clamp(1, 100_000)
+}
 
 /// One committed event: its schedule index, id, the moment before `COMMIT`, the commit's time.
 type Committed = (u64, Uuid, Instant, Duration);
@@ -37,8 +41,13 @@ pub fn run() {
 }
 
 async fn bench(quick: bool) {
-    let seconds: u64 = if quick { 3 } else { 10 };
-    let warmup = if quick { RATE / 2 } else { RATE };
+    let rate = rate();
+    let seconds: u64 = match (quick, rate < 100) {
+        (true, _) => 3,
+        (false, false) => 10,
+        (false, true) => 30,
+    };
+    let warmup = if quick { rate / 2 } else { rate };
     let db = common::database().await;
     let _cluster = common::cluster().await;
     let client = common::connect_nats().await;
@@ -48,7 +57,7 @@ async fn bench(quick: bool) {
         Schemas::from_pairs([(event_type.as_str(), common::ORDER_SCHEMA)]).expect("schema"),
     );
     println!(
-        "{RATE} events/s for {seconds} s, one event per transaction, {SUBJECTS} subjects, 1 relay (LISTEN/NOTIFY), first {warmup} events left out"
+        "{rate} events/s for {seconds} s, one event per transaction, {SUBJECTS} subjects, 1 relay (LISTEN/NOTIFY), first {warmup} events left out"
     );
 
     // the consumer: every message's id and the moment it was seen
@@ -61,7 +70,7 @@ async fn bench(quick: bool) {
         .await
         .expect("an ordered consumer");
     let mut messages = consumer.messages().await.expect("consume");
-    let total = seconds * RATE;
+    let total = seconds * rate;
     let reader = tokio::spawn(async move {
         let mut seen: HashMap<Uuid, Instant> = HashMap::with_capacity(total as usize);
         while (seen.len() as u64) < total {
@@ -112,7 +121,7 @@ async fn bench(quick: bool) {
     let committed: Arc<Mutex<Vec<Committed>>> =
         Arc::new(Mutex::new(Vec::with_capacity(total as usize)));
     let subjects: Vec<Uuid> = (0..SUBJECTS).map(|_| Uuid::now_v7()).collect();
-    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / RATE));
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let emit_pool = db.new_pool(32).await;
     let mut emits = Vec::with_capacity(total as usize);
