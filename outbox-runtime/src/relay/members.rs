@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn a_relay_alone_splits_every_partition_between_its_lanes() {
         let me = member(7, 2);
-        let share = Share::of(me.id, &[me.clone()], 2);
+        let share = Share::of(me.id, std::slice::from_ref(&me), 2);
         assert_eq!(share, Share::alone(2));
         assert_eq!(share.lane(0, 1024), Some(Lane { index: 0, count: 2 }));
         assert_eq!(share.lane(1, 1024), Some(Lane { index: 1, count: 2 }));
