@@ -121,7 +121,8 @@ impl TestDbBuilder {
         let name = self
             .name
             .unwrap_or_else(|| format!("outbox_{}", unique_token()));
-        sqlx::query(&format!("create database {name}"))
+        // the name is the kit's own token (or the caller's, in a test)
+        sqlx::query(sqlx::AssertSqlSafe(format!("create database {name}")))
             .execute(&mut conn)
             .await
             .expect("create the test database");
@@ -160,9 +161,11 @@ impl Drop for TestDb {
                 .expect("a runtime");
             rt.block_on(async move {
                 if let Ok(mut conn) = admin.connect().await {
-                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
-                        .execute(&mut conn)
-                        .await;
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "drop database if exists {name} with (force)"
+                    )))
+                    .execute(&mut conn)
+                    .await;
                 }
             });
         })
