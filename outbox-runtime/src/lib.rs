@@ -2,6 +2,7 @@
 //! compile time.
 #![doc = include_str!("../README.md")]
 
+pub mod connect;
 pub mod consumer;
 mod emit;
 mod envelope;

@@ -125,7 +125,7 @@ impl fmt::Debug for Relay {
     }
 }
 
-fn is_connection_error(e: &sqlx::Error) -> bool {
+pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
     matches!(
         e,
         sqlx::Error::Io(_)
@@ -139,7 +139,10 @@ fn is_connection_error(e: &sqlx::Error) -> bool {
 impl Relay {
     /// Connects to Postgres and NATS, then runs the start-up checks of [`Relay::new`].
     ///
-    /// An address where nothing answers fails with [`Error::Unreachable`].
+    /// An address where nothing answers fails with [`Error::Unreachable`], a failed TLS
+    /// handshake or certificate check with [`Error::Tls`], a refused login with
+    /// [`Error::Authentication`] (see [`connect::postgres`](crate::connect::postgres)); TLS
+    /// comes from the URL's `sslmode` and `sslrootcert`.
     ///
     /// ```no_run
     /// # async fn run() -> outbox_runtime::Result<()> {
@@ -153,19 +156,13 @@ impl Relay {
     /// ```
     pub async fn connect(database_url: &str, nats_url: &str, config: RelayConfig) -> Result<Relay> {
         config.validate()?;
-        let pool = PgPoolOptions::new()
-            .max_connections(config.pool_size())
-            .acquire_timeout(config.ack_timeout.max(Duration::from_secs(5)))
-            .connect(database_url)
-            .await
-            .map_err(|e| {
-                if is_connection_error(&e) {
-                    let reason = redact::password_in(&e.to_string(), database_url);
-                    Error::unreachable("postgres", redact::url(database_url), reason)
-                } else {
-                    Error::Database(e)
-                }
-            })?;
+        let pool = crate::connect::postgres(
+            database_url,
+            PgPoolOptions::new()
+                .max_connections(config.pool_size())
+                .acquire_timeout(config.ack_timeout.max(Duration::from_secs(5))),
+        )
+        .await?;
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(config.ack_timeout.max(Duration::from_secs(5)))
             .connect(nats_url)
