@@ -2,7 +2,8 @@
 //! TLS failed (and which part of it), or the server refused the login; each with its fix.
 //!
 //! The library ([`Relay::connect`](crate::Relay::connect)) and the `outbox` command connect
-//! through [`postgres`], so a failure reads the same in both.
+//! through [`postgres`], so a failure reads the same in both; [`nats_error`] does the same for
+//! NATS.
 
 use std::time::Duration;
 
@@ -119,6 +120,34 @@ fn is_tls_failure(error: &sqlx::Error) -> bool {
                 .any(|word| text.contains(word))
         }
         _ => false,
+    }
+}
+
+/// What a failed connection to NATS at `nats_url` means: [`Error::Authentication`] (the server
+/// refused the credentials), [`Error::Tls`] (the handshake or the certificate check failed), or
+/// [`Error::Unreachable`].
+pub fn nats_error(nats_url: &str, error: async_nats::ConnectError) -> Error {
+    use async_nats::ConnectErrorKind as Kind;
+    let target = redact::url(nats_url);
+    let reason = redact::password_in(&error.to_string(), nats_url);
+    match error.kind() {
+        Kind::Authentication | Kind::AuthorizationViolation => Error::Authentication {
+            service: "nats",
+            target,
+            fix: "check the credentials: the URL's user and password or token, the nkey seed or \
+                  the .creds file, and the server's accounts"
+                .to_owned(),
+            source: reason.into(),
+        },
+        Kind::Tls => Error::Tls {
+            service: "nats",
+            target,
+            fix: "check the CA the client trusts (`add_root_certificates`, --nats-tls-ca), the \
+                  client certificate if the server wants one, and the server's tls block"
+                .to_owned(),
+            source: reason.into(),
+        },
+        _ => Error::unreachable("nats", target, reason),
     }
 }
 

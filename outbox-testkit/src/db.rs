@@ -112,8 +112,10 @@ impl TestDbBuilder {
     /// Creates the database, connects its pool and migrates it if asked to.
     pub async fn create(self) -> TestDb {
         let url = self.server.unwrap_or_else(database_url);
-        let admin = PgConnectOptions::from_str(&url)
-            .unwrap_or_else(|e| panic!("{url} is not a postgres URL: {e}"));
+        let admin = PgConnectOptions::from_str(&url).unwrap_or_else(|e| {
+            let redacted = outbox_runtime::redact::url(&url);
+            panic!("{redacted} is not a postgres URL: {e}")
+        });
         let mut conn = admin
             .connect()
             .await

@@ -49,8 +49,7 @@ pub use claim::Claim;
 pub use config::RelayConfig;
 pub use stats::{BatchReport, RelayStats};
 
-use crate::error::{Error, Result};
-use crate::redact;
+use crate::error::Result;
 use crate::table::OUTBOX_RETRIES;
 
 /// First key of the relay's advisory locks (`pg_try_advisory_xact_lock(LOCK_NAMESPACE, partition)`),
@@ -139,10 +138,13 @@ pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
 impl Relay {
     /// Connects to Postgres and NATS, then runs the start-up checks of [`Relay::new`].
     ///
-    /// An address where nothing answers fails with [`Error::Unreachable`], a failed TLS
-    /// handshake or certificate check with [`Error::Tls`], a refused login with
-    /// [`Error::Authentication`] (see [`connect::postgres`](crate::connect::postgres)); TLS
-    /// comes from the URL's `sslmode` and `sslrootcert`.
+    /// An address where nothing answers fails with
+    /// [`Error::Unreachable`](crate::Error::Unreachable), a failed TLS handshake or certificate
+    /// check with [`Error::Tls`](crate::Error::Tls), a refused login with
+    /// [`Error::Authentication`](crate::Error::Authentication) (see
+    /// [`connect::postgres`](crate::connect::postgres) and
+    /// [`connect::nats_error`](crate::connect::nats_error)). TLS to Postgres comes from the URL's
+    /// `sslmode` and `sslrootcert`.
     ///
     /// ```no_run
     /// # async fn run() -> outbox_runtime::Result<()> {
@@ -167,7 +169,7 @@ impl Relay {
             .connection_timeout(config.ack_timeout.max(Duration::from_secs(5)))
             .connect(nats_url)
             .await
-            .map_err(|e| Error::unreachable("nats", redact::url(nats_url), e))?;
+            .map_err(|e| crate::connect::nats_error(nats_url, e))?;
         Relay::new(pool, jetstream::new(client), config).await
     }
 
