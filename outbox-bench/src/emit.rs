@@ -146,7 +146,7 @@ fn event(i: u64) -> OrderPlaced {
     }
 }
 
-async fn insert(conn: &mut PgConnection, sql: &str, e: OrderPlaced) {
+async fn insert(conn: &mut PgConnection, sql: &'static str, e: OrderPlaced) {
     let data = serde_json::to_value(&e).expect("serialize");
     sqlx::query(sql)
         .bind(Uuid::now_v7())

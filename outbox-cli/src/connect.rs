@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, PgPool};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
 
 use outbox_runtime::redact;
 
@@ -69,36 +69,33 @@ pub struct NatsArgs {
     pub nats_tls_key: Option<PathBuf>,
 }
 
-/// Connects a small pool; errors name the redacted URL and how to start a local Postgres.
+/// Connects a small pool; errors name the redacted URL, the cause (unreachable, TLS, the
+/// login) and its fix.
 pub async fn pool(args: &DbArgs, max: u32) -> Result<PgPool> {
-    let options: PgConnectOptions = args.database_url.parse().map_err(|e| {
-        CliError::msg(format!(
-            "DATABASE_URL `{}` is not a Postgres URL: {e}",
-            redact::url(&args.database_url)
-        ))
-    })?;
-    let result = PgPoolOptions::new()
+    let options = PgPoolOptions::new()
         .max_connections(max)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_with(options.clone())
-        .await;
-    let error = match result {
-        Ok(pool) => return Ok(pool),
-        // The pool retries a refused connection until its timeout and then only says that it
-        // timed out: one direct attempt tells the operator why.
-        Err(sqlx::Error::PoolTimedOut) => {
-            match tokio::time::timeout(Duration::from_secs(5), options.connect()).await {
-                Ok(Err(e)) => e.to_string(),
-                Ok(Ok(_)) | Err(_) => "no connection within 5 s".to_owned(),
-            }
-        }
-        Err(e) => e.to_string(),
-    };
-    Err(CliError::msg(format!(
-        "cannot connect to Postgres at {}: {}; is it running? (`scripts/services` starts a local one)",
-        redact::url(&args.database_url),
-        redact::password_in(&error, &args.database_url)
-    )))
+        .acquire_timeout(Duration::from_secs(5));
+    outbox_runtime::connect::postgres(&args.database_url, options)
+        .await
+        .map_err(|e| {
+            let url = redact::url(&args.database_url);
+            CliError::msg(match e {
+                outbox_runtime::Error::Unreachable { source, .. } => format!(
+                    "cannot connect to Postgres at {url}: {source}; is it running, and is the \
+                     address right? (`scripts/services` starts a local one)"
+                ),
+                outbox_runtime::Error::Tls { source, fix, .. } => {
+                    format!("cannot connect to Postgres at {url}: TLS failed: {source}; {fix}")
+                }
+                outbox_runtime::Error::Authentication { source, fix, .. } => format!(
+                    "cannot connect to Postgres at {url}: the server refused the login: {source}; {fix}"
+                ),
+                outbox_runtime::Error::Config(problem) => {
+                    format!("cannot connect to Postgres: {problem}")
+                }
+                other => format!("cannot connect to Postgres at {url}: {other}"),
+            })
+        })
 }
 
 /// Connects to NATS with the given credentials and returns a JetStream context.

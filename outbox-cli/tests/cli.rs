@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use outbox_testkit::suite::Ctx;
 use outbox_testkit::{
-    emit_committed, eventually, free_port, open_schemas, raw_event, NatsServer, TestDb,
+    emit_committed, eventually, free_port, open_schemas, raw_event, NatsServer, PgServer,
+    PgServerConfig, TestCa, TestDb,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -706,6 +707,84 @@ async fn status_reports_the_table_and_exits_by_its_thresholds() {
     .await;
     within.expect_code(0);
     assert!(!within.stdout.contains("THRESHOLD"), "{}", within.stdout);
+}
+
+/// `outbox status` over TLS to a private Postgres that accepts only TLS (`ssl = on`, a
+/// certificate from a CA made here): `sslmode=verify-full` with the CA works; a wrong CA, a
+/// wrong password and a connection without TLS each exit 2 naming their own cause and fix, never
+/// "is it running?".
+#[tokio::test]
+async fn status_over_tls_verifies_the_server_and_names_each_failure() {
+    let ca = TestCa::new();
+    let pg = PgServer::spawn_config(PgServerConfig {
+        tls: Some(ca.issue(&["127.0.0.1"])),
+        hba: Some(
+            "hostssl all root 127.0.0.1/32 trust\nhostssl all app 127.0.0.1/32 scram-sha-256\n"
+                .to_owned(),
+        ),
+        ..PgServerConfig::default()
+    });
+    let url = |user: &str, sslmode: &str, root: &Path| {
+        format!(
+            "postgres://{user}@127.0.0.1:{}/postgres?sslmode={sslmode}&sslrootcert={}",
+            pg.port,
+            root.display()
+        )
+    };
+    let good = url("root", "verify-full", &ca.cert());
+    run(["migrate", "--database-url", &good])
+        .await
+        .expect_code(0)
+        .assert_clean();
+    run(["status", "--database-url", &good])
+        .await
+        .expect_code(0)
+        .assert_clean();
+
+    let other = TestCa::new();
+    let out = run([
+        "status",
+        "--database-url",
+        &url("root", "verify-full", &other.cert()),
+    ])
+    .await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains("TLS failed")
+            && out.stderr.contains("certificate verification failed")
+            && out.stderr.contains("sslrootcert=<file>")
+            && !out.stderr.contains("is it running"),
+        "{}",
+        out.stderr
+    );
+
+    let out = run([
+        "status",
+        "--database-url",
+        &url(&format!("app:{DB_PASSWORD}"), "verify-full", &ca.cert()),
+    ])
+    .await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains("refused the login")
+            && out.stderr.contains("app:***@")
+            && !out.stderr.contains("is it running"),
+        "{}",
+        out.stderr
+    );
+
+    let out = run([
+        "status",
+        "--database-url",
+        &url("root", "disable", &ca.cert()),
+    ])
+    .await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains("no encryption") && out.stderr.contains("sslmode=verify-full"),
+        "{}",
+        out.stderr
+    );
 }
 
 #[tokio::test]

@@ -144,6 +144,33 @@ pub enum Error {
     /// A configuration value that cannot work.
     #[error("configuration: {0}")]
     Config(String),
+    /// The TLS connection to Postgres or NATS failed: the server offers no TLS, its certificate
+    /// did not verify (wrong CA, or it names another host), or this build has no TLS.
+    #[error("TLS to {service} at {target} failed: {source}; {fix}")]
+    Tls {
+        /// `postgres` or `nats`.
+        service: &'static str,
+        /// The address tried (URL without credentials).
+        target: String,
+        /// What to change, in words.
+        fix: String,
+        /// What the client said.
+        #[source]
+        source: BoxError,
+    },
+    /// The server answered and refused the login (user, password, or a `pg_hba.conf` rule).
+    #[error("{service} at {target} refused the login: {source}; {fix}")]
+    Authentication {
+        /// `postgres` or `nats`.
+        service: &'static str,
+        /// The address tried (URL without credentials).
+        target: String,
+        /// What to change, in words.
+        fix: String,
+        /// What the server said.
+        #[source]
+        source: BoxError,
+    },
     /// Postgres or NATS could not be reached.
     #[error("cannot reach {service} at {target}: {source}; check that it is running and that the address is right")]
     Unreachable {

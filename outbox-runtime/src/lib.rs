@@ -2,6 +2,7 @@
 //! compile time.
 #![doc = include_str!("../README.md")]
 
+pub mod connect;
 pub mod consumer;
 mod emit;
 mod envelope;
@@ -32,7 +33,8 @@ pub use verify::{verify, VerifyOptions, VerifyReport};
 /// `#[derive(OutboxEvent)]`: see [`OutboxEvent`] and the crate docs.
 pub use outbox_macros::OutboxEvent;
 
-/// The outbox migrations (`migrations/` at the repository root):
+/// The outbox migrations (`migrations/` at the repository root, which `outbox-runtime/migrations`
+/// links to, so that the packaged crate carries the same files):
 ///
 /// - `0001_outbox_events.sql`: the outbox table and its partial index, exactly as the contract
 ///   gives them;
@@ -59,7 +61,7 @@ pub use outbox_macros::OutboxEvent;
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting).
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Applies [`MIGRATOR`] to `pool`.
 ///
@@ -78,7 +80,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
-    let mut migrator = sqlx::migrate!("../migrations");
+    let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
     match migrator.run(pool).await {
         Ok(()) => Ok(()),

@@ -238,7 +238,8 @@ pub async fn unblock(pool: &PgPool, which: &Unblock, max_attempts: i32) -> Resul
         crate::NOTIFY_CHANNEL,
         crate::relay::listen::RELEASE,
     );
-    let ids: Vec<Uuid> = sqlx::query_scalar(&sql)
+    // `filter` is one of the fixed clauses above; the values go in as bind parameters
+    let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind(max_attempts)
         .bind(ids)
         .bind(text)

@@ -42,7 +42,8 @@ impl Compiled {
             .map(|e| SchemaViolation {
                 pointer: e.instance_path().as_str().to_owned(),
                 keyword: e.kind().keyword().to_owned(),
-                message: e.to_string(),
+                // the rule, never the payload's value (docs/payloads-in-logs.md)
+                message: rule(e.kind()),
             })
             .collect();
         if violations.is_empty() {
@@ -170,5 +171,153 @@ impl Schemas {
                 known: self.event_types().join(", "),
             }),
         }
+    }
+}
+
+/// What a failed keyword requires, in words, from the schema alone: the limit, format,
+/// pattern, type or allowed values the schema states, and names of properties (which are the
+/// payload's structure), but never the value the payload had there, which may be personal
+/// data or a secret and ends up in logs and dead-letter headers.
+pub(crate) fn rule(kind: &jsonschema::error::ValidationErrorKind) -> String {
+    use jsonschema::error::{TypeKind, ValidationErrorKind as K};
+    let names = |names: &[String]| {
+        names
+            .iter()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match kind {
+        K::AdditionalItems { limit } => format!("has more than the {limit} items the schema lists"),
+        K::AdditionalProperties { unexpected } => {
+            format!(
+                "has properties the schema does not allow: {}",
+                names(unexpected)
+            )
+        }
+        K::AnyOf { .. } => "matches none of the `anyOf` alternatives".to_owned(),
+        K::BacktrackLimitExceeded { .. } | K::RegexEngineFailure { .. } => {
+            "could not be checked against the schema's pattern".to_owned()
+        }
+        K::Constant { expected_value } => format!("must be {expected_value}"),
+        K::Contains => "has no item that matches `contains`".to_owned(),
+        K::ContentEncoding { content_encoding } => format!("is not {content_encoding}-encoded"),
+        K::ContentMediaType { content_media_type } => format!("is not {content_media_type}"),
+        K::Custom { keyword, .. } => format!("breaks the `{keyword}` rule"),
+        K::Enum { options } => format!("must be one of {options}"),
+        K::ExclusiveMaximum { limit } => format!("must be less than {limit}"),
+        K::ExclusiveMinimum { limit } => format!("must be greater than {limit}"),
+        K::FalseSchema => "is not allowed here (the schema is `false`)".to_owned(),
+        K::Format { format } => format!("is not a valid `{format}`"),
+        K::FromUtf8 { .. } => "is not valid UTF-8".to_owned(),
+        K::MaxItems { limit } => format!("has more than {limit} items"),
+        K::Maximum { limit } => format!("must be at most {limit}"),
+        K::MaxLength { limit } => format!("is longer than {limit} characters"),
+        K::MaxProperties { limit } => format!("has more than {limit} properties"),
+        K::MinItems { limit } => format!("has fewer than {limit} items"),
+        K::Minimum { limit } => format!("must be at least {limit}"),
+        K::MinLength { limit } => format!("is shorter than {limit} characters"),
+        K::MinProperties { limit } => format!("has fewer than {limit} properties"),
+        K::MultipleOf { multiple_of } => format!("must be a multiple of {multiple_of}"),
+        K::Not { .. } => "matches the schema under `not`".to_owned(),
+        K::OneOfMultipleValid { .. } => "matches more than one `oneOf` alternative".to_owned(),
+        K::OneOfNotValid { .. } => "matches none of the `oneOf` alternatives".to_owned(),
+        K::Pattern { pattern } => format!("does not match the pattern `{pattern}`"),
+        K::PropertyNames { error } => {
+            format!("has a property name that {}", rule(error.kind()))
+        }
+        K::Required { property } => match property.as_str() {
+            Some(name) => format!("lacks the required property `{name}`"),
+            None => format!("lacks the required property {property}"),
+        },
+        K::Type { kind } => match kind {
+            TypeKind::Single(t) => format!("must be of type {t}"),
+            TypeKind::Multiple(set) => format!(
+                "must be of type {}",
+                set.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
+        },
+        K::UnevaluatedItems { .. } => "has items the schema does not allow".to_owned(),
+        K::UnevaluatedProperties { unexpected } => {
+            format!(
+                "has properties the schema does not allow: {}",
+                names(unexpected)
+            )
+        }
+        K::UniqueItems => "has duplicate items".to_owned(),
+        K::Referencing(e) => format!("could not be checked: the schema's `$ref` fails: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::Compiled;
+    use crate::Error;
+
+    #[test]
+    fn violations_name_the_pointer_and_the_rule_never_the_value() {
+        let schema = json!({
+            "type": "object",
+            "required": ["card", "seats", "plan", "email", "code"],
+            "additionalProperties": false,
+            "properties": {
+                "card": { "type": "integer" },
+                "seats": { "type": "integer", "minimum": 1, "maximum": 10 },
+                "plan": { "enum": ["free", "pro"] },
+                "email": { "type": "string", "format": "email" },
+                "code": { "type": "string", "pattern": "^[A-Z]{3}$", "maxLength": 3 },
+                "tags": { "type": "array", "uniqueItems": true, "maxItems": 1 }
+            }
+        });
+        let compiled = Compiled::new("a.b.created", &schema).unwrap();
+        let secret = "s3cret-4111111111111111";
+        let data = json!({
+            "card": secret,
+            "seats": 4_111_111,
+            "plan": secret,
+            "email": secret,
+            "code": secret,
+            "tags": [secret, secret],
+            "extra": secret,
+        });
+        let Err(Error::InvalidPayload { violations, .. }) = compiled.check("a.b.created", &data)
+        else {
+            panic!("the payload breaks its schema");
+        };
+        let text = Error::InvalidPayload {
+            event_type: "a.b.created".into(),
+            violations: violations.clone(),
+        }
+        .to_string();
+        assert!(
+            !text.contains("s3cret") && !text.contains("4111"),
+            "a payload value in the message: {text}"
+        );
+        for expected in [
+            "at `/card` (type): must be of type integer",
+            "at `/seats` (maximum): must be at most 10",
+            "at `/plan` (enum): must be one of [\"free\",\"pro\"]",
+            "at `/email` (format): is not a valid `email`",
+            "at `/code` (pattern): does not match the pattern `^[A-Z]{3}$`",
+            "at `/code` (maxLength): is longer than 3 characters",
+            "at `/tags` (uniqueItems): has duplicate items",
+            "at `/tags` (maxItems): has more than 1 items",
+            "at `/` (additionalProperties): has properties the schema does not allow: `extra`",
+        ] {
+            assert!(text.contains(expected), "missing `{expected}` in: {text}");
+        }
+        let Err(Error::InvalidPayload { violations, .. }) =
+            compiled.check("a.b.created", &json!({}))
+        else {
+            panic!("the payload lacks required properties");
+        };
+        assert!(violations
+            .iter()
+            .any(|v| v.message == "lacks the required property `card`"));
     }
 }

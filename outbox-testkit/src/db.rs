@@ -1,7 +1,7 @@
 //! Postgres: a fresh database per test on the shared server, and private servers a test may
 //! stop and restart.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::str::FromStr;
 
@@ -112,8 +112,10 @@ impl TestDbBuilder {
     /// Creates the database, connects its pool and migrates it if asked to.
     pub async fn create(self) -> TestDb {
         let url = self.server.unwrap_or_else(database_url);
-        let admin = PgConnectOptions::from_str(&url)
-            .unwrap_or_else(|e| panic!("{url} is not a postgres URL: {e}"));
+        let admin = PgConnectOptions::from_str(&url).unwrap_or_else(|e| {
+            let redacted = outbox_runtime::redact::url(&url);
+            panic!("{redacted} is not a postgres URL: {e}")
+        });
         let mut conn = admin
             .connect()
             .await
@@ -121,7 +123,8 @@ impl TestDbBuilder {
         let name = self
             .name
             .unwrap_or_else(|| format!("outbox_{}", unique_token()));
-        sqlx::query(&format!("create database {name}"))
+        // the name is the kit's own token (or the caller's, in a test)
+        sqlx::query(sqlx::AssertSqlSafe(format!("create database {name}")))
             .execute(&mut conn)
             .await
             .expect("create the test database");
@@ -160,9 +163,11 @@ impl Drop for TestDb {
                 .expect("a runtime");
             rt.block_on(async move {
                 if let Ok(mut conn) = admin.connect().await {
-                    let _ = sqlx::query(&format!("drop database if exists {name} with (force)"))
-                        .execute(&mut conn)
-                        .await;
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "drop database if exists {name} with (force)"
+                    )))
+                    .execute(&mut conn)
+                    .await;
                 }
             });
         })
@@ -186,9 +191,10 @@ fn with_database(url: &str, name: &str) -> String {
 }
 
 /// A private Postgres cluster (`initdb` + `pg_ctl` from `/usr/lib/postgresql/*/bin`) on a free
-/// port in a temporary directory, for tests that stop and restart the database. The superuser
-/// is `root` with trust auth on 127.0.0.1. When the tests run as root, the server runs as the
-/// `postgres` user (Postgres refuses to run as root).
+/// port in a temporary directory, for tests that stop and restart the database, or need a
+/// server configured their way ([`PgServerConfig`]: TLS, `pg_hba.conf`). The superuser is
+/// `root` with trust auth on 127.0.0.1 unless the configuration says otherwise. When the tests
+/// run as root, the server runs as the `postgres` user (Postgres refuses to run as root).
 #[derive(Debug)]
 pub struct PgServer {
     /// The port it listens on.
@@ -196,11 +202,30 @@ pub struct PgServer {
     dir: tempfile::TempDir,
     bin: PathBuf,
     run_as: Option<String>,
+    settings: Vec<String>,
+}
+
+/// How to configure a [`PgServer`]; every field has a default.
+#[derive(Debug, Clone, Default)]
+pub struct PgServerConfig {
+    /// A server certificate and its key (for example from [`TestCa::issue`](crate::TestCa::issue)):
+    /// the server runs with `ssl = on` and them. Default: no TLS.
+    pub tls: Option<crate::tls::Issued>,
+    /// The whole of `pg_hba.conf` (for example `hostssl all all 127.0.0.1/32 trust` to accept
+    /// only TLS connections). Default: initdb's, trust for every local connection.
+    pub hba: Option<String>,
+    /// Further settings, passed as `-c name=value`.
+    pub settings: Vec<(String, String)>,
 }
 
 impl PgServer {
     /// Creates the cluster and starts it.
     pub fn spawn() -> PgServer {
+        PgServer::spawn_config(PgServerConfig::default())
+    }
+
+    /// Creates a cluster configured as `config` says and starts it.
+    pub fn spawn_config(config: PgServerConfig) -> PgServer {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .ok()
             .and_then(|versions| {
@@ -225,19 +250,60 @@ impl PgServer {
                 .expect("chown");
             assert!(status.success(), "chown the cluster directory to postgres");
         }
-        let server = PgServer {
+        let mut server = PgServer {
             port: free_port(),
             dir,
             bin,
             run_as,
+            settings: Vec::new(),
         };
         server.run(
             "initdb",
             &["-A", "trust", "-U", "root", "--no-sync", "-D"],
             true,
         );
+        if let Some(tls) = &config.tls {
+            // Postgres reads the key only when it is private to the server's user
+            for (from, name) in [(&tls.cert, "server.pem"), (&tls.key, "server.key")] {
+                let to = server.data().join(name);
+                std::fs::copy(from, &to)
+                    .unwrap_or_else(|e| panic!("copy {} into the cluster: {e}", from.display()));
+                server.own(&to);
+            }
+            server.settings.extend(
+                [
+                    "ssl=on",
+                    "ssl_cert_file=server.pem",
+                    "ssl_key_file=server.key",
+                ]
+                .map(String::from),
+            );
+        }
+        if let Some(hba) = &config.hba {
+            let path = server.data().join("pg_hba.conf");
+            std::fs::write(&path, hba).expect("write pg_hba.conf");
+            server.own(&path);
+        }
+        server
+            .settings
+            .extend(config.settings.iter().map(|(k, v)| format!("{k}={v}")));
         server.start();
         server
+    }
+
+    /// `path` owned by the server's user, readable by it alone.
+    fn own(&self, path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+        if let Some(user) = &self.run_as {
+            let status = Command::new("chown")
+                .arg(format!("{user}:"))
+                .arg(path)
+                .status()
+                .expect("chown");
+            assert!(status.success(), "chown {} to {user}", path.display());
+        }
     }
 
     fn data(&self) -> PathBuf {
@@ -276,11 +342,15 @@ impl PgServer {
 
     /// Starts the server and waits until it accepts connections.
     pub fn start(&self) {
-        let options = format!(
+        let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
             self.port,
             self.dir.path().display()
         );
+        for setting in &self.settings {
+            options.push_str(" -c ");
+            options.push_str(setting);
+        }
         let log = self.dir.path().join("server.log");
         let log = log.to_string_lossy().into_owned();
         self.run(

@@ -29,5 +29,9 @@ pub fn nats_url() -> String {
 /// Fails the test because `service` (as the message names it: `Postgres`, `NATS`) cannot be
 /// reached at `url`; `variable` is the environment variable that points elsewhere.
 pub(crate) fn service_missing(service: &str, url: &str, error: impl Display, variable: &str) -> ! {
-    panic!("cannot connect to {service} at {url}: {error}; {START_SERVICES} (or set {variable})")
+    let redacted = outbox_runtime::redact::url(url);
+    let error = outbox_runtime::redact::password_in(&error.to_string(), url);
+    panic!(
+        "cannot connect to {service} at {redacted}: {error}; {START_SERVICES} (or set {variable})"
+    )
 }

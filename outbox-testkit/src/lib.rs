@@ -6,7 +6,10 @@
 //! - [`env`]: `DATABASE_URL` and `NATS_URL` with their local defaults; a missing service fails
 //!   the test, naming the command that starts it.
 //! - [`db`]: [`TestDb`], a fresh database per test, dropped with it; [`PgServer`], a private
-//!   Postgres cluster a test may stop and restart.
+//!   Postgres cluster a test may stop and restart, or configure ([`PgServerConfig`]: TLS,
+//!   `pg_hba.conf`).
+//! - [`tls`]: [`TestCa`], a certificate authority of the test's own (made with `openssl`) that
+//!   issues server certificates.
 //! - [`nats`]: [`NatsServer`], a private `nats-server` with JetStream a test may stop and
 //!   restart; [`connect_nats`].
 //! - [`cluster`]: [`NatsCluster`], a private three-node JetStream cluster a test may step
@@ -43,15 +46,17 @@ pub mod nats;
 pub mod relay;
 pub mod stream;
 pub mod suite;
+pub mod tls;
 pub mod unique;
 pub mod wait;
 
 pub use cluster::NatsCluster;
-pub use db::{PgServer, TestDb, TestDbBuilder};
+pub use db::{PgServer, PgServerConfig, TestDb, TestDbBuilder};
 pub use env::{database_url, nats_url};
 pub use event::{emit_committed, open_schemas, raw_event, RawEventBuilder};
 pub use nats::{connect_nats, nats_server_binary, NatsServer, NatsServerConfig};
 pub use relay::run_relay;
 pub use stream::{read_stream, stream_len, Delivered};
+pub use tls::{Issued, TestCa};
 pub use unique::{free_port, unique_name, unique_token};
 pub use wait::eventually;

@@ -133,23 +133,21 @@ impl Running {
 
 /// Starts the service (HTTP, relay, consumer) in the background.
 pub async fn start(config: Config) -> Result<Running, Error> {
-    let pool = PgPoolOptions::new()
-        .max_connections(10)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(&config.database_url)
-        .await
-        .map_err(|e| {
-            Error::Config(format!(
-                "cannot connect to Postgres ({e}); is it running? (`scripts/services` starts one)"
-            ))
-        })?;
+    // the error says why (unreachable, TLS, the login) and the fix, without the URL's secrets
+    let pool = outbox_runtime::connect::postgres(
+        &config.database_url,
+        PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(Duration::from_secs(5)),
+    )
+    .await?;
     outbox_runtime::migrate(&pool).await?;
     sqlx::raw_sql(SCHEMA).execute(&pool).await?;
 
     let client = async_nats::connect(&config.nats_url).await.map_err(|e| {
         Error::Config(format!(
             "cannot connect to NATS at {} ({e}); is nats-server running? (`scripts/services` starts one)",
-            config.nats_url
+            outbox_runtime::redact::url(&config.nats_url)
         ))
     })?;
     let js = async_nats::jetstream::new(client);

@@ -4,8 +4,9 @@ use uuid::Uuid;
 
 use super::config::FormatCheck;
 use crate::envelope::{Envelope, SPEC_VERSION};
+use crate::redact;
 use crate::validate::compiled_with_formats;
-use crate::OutboxEvent;
+use crate::{Error, OutboxEvent};
 
 /// Why a message cannot be decoded into the consumer's event type: it would fail on every
 /// redelivery, so it is handled by the [`Undecodable`](super::Undecodable) policy instead of
@@ -57,7 +58,10 @@ pub fn decode_with<E: OutboxEvent>(
         let id = serde_json::from_slice::<serde_json::Value>(payload)
             .ok()
             .and_then(|v| v.get("id")?.as_str()?.parse().ok());
-        Rejection::new(id, format!("not a CloudEvents envelope: {e}"))
+        Rejection::new(
+            id,
+            format!("not a CloudEvents envelope: {}", redact::decode_error(&e)),
+        )
     })?;
     let id = Some(raw.id);
     if raw.specversion != SPEC_VERSION {
@@ -79,8 +83,25 @@ pub fn decode_with<E: OutboxEvent>(
     compiled_with_formats::<E>(formats == FormatCheck::Strict)
         .and_then(|c| c.check(E::EVENT_TYPE, &raw.data))
         .map_err(|e| Rejection::new(id, e.to_string()))?;
-    let data: E = serde_json::from_value(raw.data).map_err(|e| {
-        Rejection::new(id, format!("payload does not fit `{}`: {e}", E::EVENT_TYPE))
+    let data = E::deserialize(&raw.data).map_err(|e| {
+        // A string the lenient check let through (a `format` it does not assert) is the usual
+        // cause; the strict check names its field and rule, where the type's message would
+        // quote the value.
+        let located = compiled_with_formats::<E>(true)
+            .and_then(|c| c.check(E::EVENT_TYPE, &raw.data))
+            .err();
+        let why = match located {
+            Some(Error::InvalidPayload { violations, .. }) => violations
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+            _ => redact::decode_error(&e),
+        };
+        Rejection::new(
+            id,
+            format!("payload does not fit `{}`: {why}", E::EVENT_TYPE),
+        )
     })?;
     Ok(Envelope {
         specversion: raw.specversion,

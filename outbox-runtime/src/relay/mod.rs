@@ -51,8 +51,7 @@ pub use claim::Claim;
 pub use config::RelayConfig;
 pub use stats::{BatchReport, RelayStats};
 
-use crate::error::{Error, Result};
-use crate::redact;
+use crate::error::Result;
 use crate::table::OUTBOX_RETRIES;
 
 /// First key of the relay's advisory locks (`pg_try_advisory_xact_lock(LOCK_NAMESPACE, partition)`),
@@ -130,7 +129,7 @@ impl fmt::Debug for Relay {
     }
 }
 
-fn is_connection_error(e: &sqlx::Error) -> bool {
+pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
     matches!(
         e,
         sqlx::Error::Io(_)
@@ -144,7 +143,13 @@ fn is_connection_error(e: &sqlx::Error) -> bool {
 impl Relay {
     /// Connects to Postgres and NATS, then runs the start-up checks of [`Relay::new`].
     ///
-    /// An address where nothing answers fails with [`Error::Unreachable`].
+    /// An address where nothing answers fails with
+    /// [`Error::Unreachable`](crate::Error::Unreachable), a failed TLS handshake or certificate
+    /// check with [`Error::Tls`](crate::Error::Tls), a refused login with
+    /// [`Error::Authentication`](crate::Error::Authentication) (see
+    /// [`connect::postgres`](crate::connect::postgres) and
+    /// [`connect::nats_error`](crate::connect::nats_error)). TLS to Postgres comes from the URL's
+    /// `sslmode` and `sslrootcert`.
     ///
     /// ```no_run
     /// # async fn run() -> outbox_runtime::Result<()> {
@@ -158,24 +163,18 @@ impl Relay {
     /// ```
     pub async fn connect(database_url: &str, nats_url: &str, config: RelayConfig) -> Result<Relay> {
         config.validate()?;
-        let pool = PgPoolOptions::new()
-            .max_connections(config.pool_size())
-            .acquire_timeout(config.ack_timeout.max(Duration::from_secs(5)))
-            .connect(database_url)
-            .await
-            .map_err(|e| {
-                if is_connection_error(&e) {
-                    let reason = redact::password_in(&e.to_string(), database_url);
-                    Error::unreachable("postgres", redact::url(database_url), reason)
-                } else {
-                    Error::Database(e)
-                }
-            })?;
+        let pool = crate::connect::postgres(
+            database_url,
+            PgPoolOptions::new()
+                .max_connections(config.pool_size())
+                .acquire_timeout(config.ack_timeout.max(Duration::from_secs(5))),
+        )
+        .await?;
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(config.ack_timeout.max(Duration::from_secs(5)))
             .connect(nats_url)
             .await
-            .map_err(|e| Error::unreachable("nats", redact::url(nats_url), e))?;
+            .map_err(|e| crate::connect::nats_error(nats_url, e))?;
         Relay::new(pool, jetstream::new(client), config).await
     }
 

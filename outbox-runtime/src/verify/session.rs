@@ -70,7 +70,7 @@ impl Session {
             .await
             .map_err(db)?;
         for statement in TEMP_TABLES {
-            sqlx::query(statement)
+            sqlx::query(*statement)
                 .execute(&mut conn)
                 .await
                 .map_err(db)?;
@@ -96,11 +96,14 @@ impl Session {
         &mut self,
         n: usize,
     ) -> Result<Vec<(Uuid, String, DateTime<Utc>)>> {
-        sqlx::query_as(&format!("fetch forward {n} from outbox_verify_rows"))
-            .persistent(false)
-            .fetch_all(&mut self.conn)
-            .await
-            .map_err(db)
+        // `n` is a number: nothing from input is spliced into the text
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "fetch forward {n} from outbox_verify_rows"
+        )))
+        .persistent(false)
+        .fetch_all(&mut self.conn)
+        .await
+        .map_err(db)
     }
 
     /// Records rows not found near their publish time.

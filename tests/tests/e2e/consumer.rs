@@ -452,7 +452,8 @@ async fn undecodable_messages_are_rejected_with_the_id_and_reason_and_the_consum
     };
     let wrong_type = envelope("accounts.account.closed", good.clone());
     let mut invalid_data = good.clone();
-    invalid_data["n"] = serde_json::json!(-5);
+    invalid_data["n"] = serde_json::json!(-4242);
+    invalid_data["owner"] = serde_json::json!(["s3cret-card-4111"]);
     let invalid = envelope(AccountOpened::EVENT_TYPE, invalid_data);
     let bodies: Vec<Vec<u8>> = vec![
         b"this is not json".to_vec(),
@@ -507,6 +508,16 @@ async fn undecodable_messages_are_rejected_with_the_id_and_reason_and_the_consum
     );
     assert!(
         reasons[2].1.contains("/n") && reasons[2].1.contains("minimum"),
+        "{}",
+        reasons[2].1
+    );
+    // the reason is logged and put in dead-letter headers: the rule, never the value
+    assert!(
+        reasons[2]
+            .1
+            .contains("at `/owner` (type): must be of type string")
+            && !reasons[2].1.contains("4242")
+            && !reasons[2].1.contains("s3cret"),
         "{}",
         reasons[2].1
     );

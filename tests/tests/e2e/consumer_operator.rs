@@ -442,6 +442,12 @@ fn format_details_another_validator_accepts_are_not_rejected_by_default() {
         "{}",
         strict.reason
     );
+    // the reason goes into logs and dead-letter headers: the rule, never the value
+    assert!(
+        !strict.reason.contains("2026-11-30T12:00:00"),
+        "{}",
+        strict.reason
+    );
     // What breaks the Rust type is still rejected, whatever the format setting.
     let not_a_uuid = body("2026-11-30T12:00:00Z", "not-a-uuid");
     let rejected = decode_with::<AccountClosed>(&not_a_uuid, FormatCheck::Lenient)
@@ -451,6 +457,14 @@ fn format_details_another_validator_accepts_are_not_rejected_by_default() {
             .reason
             .contains("does not fit `accounts.account.closed`"),
         "{}",
+        rejected.reason
+    );
+    assert!(
+        rejected
+            .reason
+            .contains("at `/account_id` (format): is not a valid `uuid`")
+            && !rejected.reason.contains("not-a-uuid"),
+        "names the field and the rule, not the value: {}",
         rejected.reason
     );
 }

@@ -311,6 +311,24 @@ async fn unreachable_postgres_or_nats_at_start_is_a_clear_error() {
         err.to_string().starts_with("cannot reach postgres at"),
         "{err}"
     );
+    // secrets in the query are redacted the same way, in the message and in the value
+    let in_query = format!(
+        "postgres://root@127.0.0.1:{}/test?password=q-s3cret&sslpassword=k-s3cret&sslmode=prefer",
+        free_port()
+    );
+    let err = Relay::connect(&in_query, &nats_url(), RelayConfig::default())
+        .await
+        .unwrap_err();
+    let shown = format!("{err} {err:?}");
+    assert!(matches!(err, Error::Unreachable { .. }), "{err:?}");
+    assert!(
+        !shown.contains("q-s3cret") && !shown.contains("k-s3cret"),
+        "a query secret leaks: {shown}"
+    );
+    assert!(
+        shown.contains("password=***&sslpassword=***&sslmode=prefer"),
+        "{shown}"
+    );
 
     let dead_nats = format!("nats://127.0.0.1:{}", free_port());
     let err = Relay::connect(&database_url(), &dead_nats, RelayConfig::default())

@@ -188,11 +188,11 @@ async fn insert_poison(
         let pool = pool.clone();
         let subject = subject.to_owned();
         async move {
-            sqlx::query_scalar::<_, Uuid>(&format!(
+            sqlx::query_scalar::<_, Uuid>(sqlx::AssertSqlSafe(format!(
                 "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
                  values (gen_random_uuid(), $1, 'hand', $2, {time}, {data}, clock_timestamp() + interval '{offset} microseconds') \
                  returning id"
-            ))
+            )))
             .bind(event_type)
             .bind(subject)
             .fetch_one(&pool)
