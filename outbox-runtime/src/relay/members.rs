@@ -15,6 +15,7 @@ use tokio::time::timeout;
 use uuid::Uuid;
 
 use super::lanes::Lane;
+use super::listen::Signals;
 use super::sql;
 use crate::error::Result;
 use crate::table::OUTBOX_RELAYS;
@@ -137,9 +138,11 @@ pub(super) async fn keep(
     partitions: i32,
     lanes: usize,
     share: watch::Sender<Share>,
-    mut joined_or_left: watch::Receiver<()>,
+    signals: Signals,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut joined_or_left = signals.members.subscribe();
+    let commits = signals.commits;
     let mut tick = tokio::time::interval(BEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // the first heartbeat was the relay's start
@@ -160,10 +163,17 @@ pub(super) async fn keep(
                     .collect();
                 if !others.is_empty() && !warned_mismatch {
                     warned_mismatch = true;
-                    tracing::error!(partitions, others = ?others, "outbox relays on this table run with different RelayConfig::partitions: their advisory locks do not meet, and events of one subject can be published out of order; give every relay the same value");
+                    tracing::error!(partitions, others = ?others, "outbox relays on this table run with different RelayConfig::partitions: their advisory locks do not meet, so events of one subject can be published out of order (each relay now claims every partition, so that none goes unclaimed); give every relay the same value");
                 }
-                let next = Share::of(me, &members, lanes);
-                share.send_if_modified(|s| {
+                let next = if others.is_empty() {
+                    Share::of(me, &members, lanes)
+                } else {
+                    // relays of another partition count do not share slots with this one:
+                    // each claims every partition (their locks do not meet, but no partition
+                    // goes unclaimed)
+                    Share::alone(lanes)
+                };
+                let changed = share.send_if_modified(|s| {
                     let changed = *s != next;
                     if changed {
                         tracing::info!(
@@ -176,6 +186,11 @@ pub(super) async fn keep(
                     *s = next;
                     changed
                 });
+                if changed {
+                    // sleeping lanes claim their new partitions at once: rows there may have
+                    // been announced while another relay owned them
+                    commits.send_replace(());
+                }
             }
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "outbox relay heartbeat in outbox_relays failed")

@@ -96,7 +96,7 @@ impl Relay {
             partitions,
             lanes,
             share,
-            signals.members.subscribe(),
+            signals.clone(),
             stopped.clone(),
         )));
         let lanes = futures::future::join_all(
@@ -104,11 +104,17 @@ impl Relay {
         );
         let streams = self.check_streams(stopped.clone());
         tokio::pin!(lanes, streams);
+        let mut left = false;
         tokio::select! {
             _ = &mut lanes => {}
             () = &mut streams => {}
             () = shutdown => {
                 stop.send_replace(true);
+                // the others take this relay's partitions now (their locks wait for its last
+                // batches), rather than after its batches end
+                let _ = tokio::time::timeout(members::LEASE, &mut membership.0).await;
+                members::leave(&self.pool, me).await;
+                left = true;
                 // a batch in progress finishes (publishing is bounded by ack_timeout, each
                 // statement by the statement timeouts); past this bound it is given up, which
                 // leaves its rows unpublished, as a crash would
@@ -118,10 +124,11 @@ impl Relay {
                 }
             }
         }
-        // the others take this relay's partitions at their next heartbeat
-        stop.send_replace(true);
-        let _ = tokio::time::timeout(members::LEASE, &mut membership.0).await;
-        members::leave(&self.pool, me).await;
+        if !left {
+            stop.send_replace(true);
+            let _ = tokio::time::timeout(members::LEASE, &mut membership.0).await;
+            members::leave(&self.pool, me).await;
+        }
         Ok(())
     }
 

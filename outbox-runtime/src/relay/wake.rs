@@ -17,7 +17,7 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 use tokio::sync::{watch, Notify};
-use tokio::time::{sleep, timeout};
+use tokio::time::{sleep, timeout, timeout_at, Instant};
 
 use crate::emit::wake_lock;
 
@@ -33,7 +33,16 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The pause after a failed statement (Postgres down).
 const RETRY: Duration = Duration::from_millis(500);
 
-const ACQUIRE: &str = concat!("select pg_advisory_lock(", wake_lock!(), ")");
+/// The acquisition, and once granted a notification (`granted`; the lanes take any payload but
+/// the relays' own as a commit): the emits it waited for may be any relay's, and every relay's lanes claim once more (the grant goes to one of the relays
+/// waiting).
+const ACQUIRE: &str = concat!(
+    "select pg_advisory_lock(",
+    wake_lock!(),
+    "), pg_notify('",
+    crate::emit::notify_channel!(),
+    "', 'granted')"
+);
 const RELEASE: &str = concat!("select pg_advisory_unlock(", wake_lock!(), ")");
 
 /// The lanes waiting for commits.
@@ -70,33 +79,32 @@ impl Sleepers {
     }
 
     /// Until no lane has waited for commits for [`RELEASE_AFTER`], checking the connection
-    /// every [`CHECK_EVERY`]; `false` when the connection is gone.
+    /// every [`CHECK_EVERY`] whatever the lanes do; `false` when the connection is gone.
     async fn unwanted(&self, conn: &mut PoolConnection<Postgres>) -> bool {
-        let mut idle_since = None;
+        let mut idle_since: Option<Instant> = None;
+        let mut next_check = Instant::now() + CHECK_EVERY;
         loop {
             let changed = self.changed.notified();
-            let wait = match (self.any(), idle_since) {
-                (true, _) => {
-                    idle_since = None;
-                    CHECK_EVERY
-                }
-                (false, None) => {
-                    idle_since = Some(tokio::time::Instant::now());
-                    RELEASE_AFTER
-                }
-                (false, Some(since)) => {
-                    if since.elapsed() >= RELEASE_AFTER {
-                        return true;
-                    }
-                    RELEASE_AFTER - since.elapsed()
-                }
-            };
-            if timeout(wait, changed).await.is_err() && self.any() {
+            let now = Instant::now();
+            if now >= next_check {
+                next_check = now + CHECK_EVERY;
                 let alive = sqlx::query("select 1").execute(&mut **conn);
                 if !matches!(timeout(CHECK_EVERY * 5, alive).await, Ok(Ok(_))) {
                     return false;
                 }
+                continue;
             }
+            let until = if self.any() {
+                idle_since = None;
+                next_check
+            } else {
+                let since = *idle_since.get_or_insert(now);
+                if now.saturating_duration_since(since) >= RELEASE_AFTER {
+                    return true;
+                }
+                (since + RELEASE_AFTER).min(next_check)
+            };
+            let _ = timeout_at(until, changed).await;
         }
     }
 }
@@ -133,7 +141,7 @@ pub(super) async fn hold(
             },
         };
         // wait for the lock a second at a time while a lane still waits for commits
-        match acquire(&mut conn, &sleepers).await {
+        match acquire(&mut conn, &sleepers, &commits).await {
             Ok(true) => {}
             Ok(false) => {
                 kept = Some(conn); // no lane waits any more
@@ -173,14 +181,24 @@ async fn connection(pool: &PgPool) -> sqlx::Result<PoolConnection<Postgres>> {
 
 /// Waits for the lock on `conn` while a lane waits for commits: `true` once granted, `false`
 /// when no lane waits any more.
-async fn acquire(conn: &mut PoolConnection<Postgres>, sleepers: &Sleepers) -> sqlx::Result<bool> {
+async fn acquire(
+    conn: &mut PoolConnection<Postgres>,
+    sleepers: &Sleepers,
+    commits: &watch::Sender<()>,
+) -> sqlx::Result<bool> {
     loop {
         if !sleepers.any() {
             return Ok(false);
         }
         match sqlx::query(ACQUIRE).execute(&mut **conn).await {
             Ok(_) => return Ok(true),
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => continue,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+                // a long transaction holds the lock shared (it emitted and has not ended), or
+                // another relay holds it: emits that took it shared before this wait and have
+                // committed since are announced by no one, so the lanes claim once a second
+                // while the wait lasts
+                commits.send_replace(());
+            }
             Err(e) => return Err(e),
         }
     }

@@ -550,6 +550,7 @@ async fn eight_relays_of_two_lanes_stay_inside_the_default_lock_table_beside_an_
         );
         let locks: i64 = sqlx::query_scalar(
             "select count(*) from pg_locks where locktype = 'advisory' and classid = $1::oid and granted \
+               and objid::int8 < 4294967295 \
                and database = (select oid from pg_database where datname = current_database())",
         )
         .bind(LOCK_NAMESPACE as i64)

@@ -217,12 +217,13 @@ async fn assert_stream_matches(ctx: &Ctx, expected: &HashMap<String, Vec<Uuid>>,
     }
 }
 
-/// Per backend holding relay partition locks in the test's database: the residues of its
-/// partitions modulo `lanes`.
+/// Per backend holding relay partition locks in the test's database (not the wake lock, key
+/// -1): the residues of its partitions modulo `lanes`.
 async fn partitions_held(ctx: &Ctx, lanes: usize) -> Vec<(i32, Vec<i64>)> {
     sqlx::query_as(
         "select pid, array_agg(distinct objid::int8 % $2 order by objid::int8 % $2) from pg_locks \
           where locktype = 'advisory' and classid = $1::int8::oid and objsubid = 2 \
+            and objid::int8 < 4294967295 \
             and database = (select oid from pg_database where datname = current_database()) \
           group by pid",
     )
@@ -332,6 +333,7 @@ async fn slots_held(ctx: &Ctx, slots: i64) -> Vec<(String, i32, Vec<i64>)> {
                 array_agg(distinct l.objid::int8 % $2 order by l.objid::int8 % $2) \
            from pg_locks l join pg_stat_activity a on a.pid = l.pid \
           where l.locktype = 'advisory' and l.classid = $1::int8::oid and l.objsubid = 2 \
+            and l.objid::int8 < 4294967295 \
             and l.database = (select oid from pg_database where datname = current_database()) \
           group by a.application_name, l.pid",
     )

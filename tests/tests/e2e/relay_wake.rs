@@ -277,3 +277,112 @@ async fn a_burst_from_sixteen_connections_across_a_relay_restart_waits_for_no_po
     assert!(second.stats().published > 0);
     ctx.delete_stream().await;
 }
+
+/// Two relays wait for the wake lock behind one open emitting transaction whose rows fall in
+/// both relays' partitions: the lock is granted to one of them, and every event is published
+/// (the grant is announced to every relay, and a relay still waiting claims once a second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_waiting_behind_one_emit_both_publish_their_rows() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let (ty, schemas, config) = setup(&ctx);
+    let mut tx = ctx.pool().begin().await.unwrap();
+    let mut ids = Vec::new();
+    for n in 0..60 {
+        let event = raw_event(&ty, "billing", format!("inv-{n}")).build();
+        ids.push(tx.emit_raw(&schemas, event).await.unwrap());
+    }
+    let mut relays = Vec::new();
+    for _ in 0..2 {
+        let pool = ctx.db.new_pool(config.pool_size()).await;
+        let relay = Arc::new(
+            Relay::new(pool, ctx.js.clone(), config.clone())
+                .await
+                .unwrap(),
+        );
+        relays.push((relay.clone(), run_relay(relay)));
+    }
+    eventually(
+        Duration::from_secs(15),
+        "both relays wait for the wake lock",
+        || async { wake_lock(&ctx).await == (0, 2) },
+    )
+    .await;
+    tx.commit().await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "every event is published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    let mut by_relay = Vec::new();
+    for (relay, (stop, running)) in relays {
+        stop.send(()).unwrap();
+        running.await.unwrap();
+        by_relay.push(relay.stats().published);
+    }
+    assert_eq!(by_relay.iter().sum::<u64>(), ids.len() as u64);
+    assert!(
+        by_relay.iter().all(|&n| n > 0),
+        "each relay published its own rows: {by_relay:?}"
+    );
+    ctx.delete_stream().await;
+}
+
+/// A relay dies while three share the table, and events are emitted at once into every
+/// partition: the survivors publish the dead relay's share once they drop it (5 s), though
+/// their lanes were asleep with the poll an hour away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_survivors_of_a_dead_relay_publish_its_share_without_waiting_for_the_poll() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let (ty, schemas, config) = setup(&ctx);
+    let mut relays = Vec::new();
+    for _ in 0..3 {
+        let pool = ctx.db.new_pool(config.pool_size()).await;
+        let relay = Arc::new(
+            Relay::new(pool.clone(), ctx.js.clone(), config.clone())
+                .await
+                .unwrap(),
+        );
+        relays.push((relay.clone(), run_relay(relay), pool));
+    }
+    eventually(Duration::from_secs(15), "three relays listed", || async {
+        let n: i64 = sqlx::query_scalar("select count(*) from outbox_relays")
+            .fetch_one(ctx.pool())
+            .await
+            .unwrap();
+        n == 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // one dies without leaving
+    let (_, (_, running), pool) = relays.pop().unwrap();
+    running.abort();
+    let _ = running.await;
+    pool.close().await;
+    let died = std::time::Instant::now();
+    for n in 0..300 {
+        emit_committed(
+            ctx.pool(),
+            &schemas,
+            raw_event(&ty, "billing", format!("inv-{n}")).build(),
+        )
+        .await;
+    }
+    eventually(
+        Duration::from_secs(20),
+        "every event is published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    eprintln!(
+        "the dead relay's share published {:?} after its death",
+        died.elapsed()
+    );
+    for (_, (stop, running), _) in relays {
+        stop.send(()).unwrap();
+        running.await.unwrap();
+    }
+    ctx.delete_stream().await;
+}
