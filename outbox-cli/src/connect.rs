@@ -132,19 +132,29 @@ pub async fn jetstream(args: &NatsArgs) -> Result<async_nats::jetstream::Context
     // a cluster is given as a comma-separated list of its servers' URLs
     let urls: Vec<&str> = args.nats_url.split(',').map(str::trim).collect();
     let client = options.connect(urls.as_slice()).await.map_err(|e| {
-        let hint = match e.kind() {
-            async_nats::ConnectErrorKind::AuthorizationViolation
-            | async_nats::ConnectErrorKind::Authentication => {
+        // the library's classification (a rejected certificate arrives as an I/O error), with
+        // the command's flags as the fix
+        let (reason, hint) = match outbox_runtime::connect::nats_error(&args.nats_url, e) {
+            outbox_runtime::Error::Authentication { source, .. } => (
+                source.to_string(),
                 "the server refused the credentials; check --nats-user/--nats-password, \
-                 --nats-token, --nats-nkey or --nats-creds (or their NATS_* variables)"
-            }
-            async_nats::ConnectErrorKind::Tls => {
-                "check --nats-tls-ca, --nats-tls-cert/--nats-tls-key and the server's TLS settings"
-            }
-            _ => "is nats-server running with JetStream? (`scripts/services` starts a local one)",
+                 --nats-token, --nats-nkey or --nats-creds (or their NATS_* variables)",
+            ),
+            outbox_runtime::Error::Tls { source, .. } => (
+                format!("TLS failed: {source}"),
+                "check --nats-tls-ca (the CA that signed the server's certificate), \
+                 --nats-tls-cert/--nats-tls-key and the server's TLS settings",
+            ),
+            other => (
+                match other {
+                    outbox_runtime::Error::Unreachable { source, .. } => source.to_string(),
+                    other => other.to_string(),
+                },
+                "is nats-server running with JetStream? (`scripts/services` starts a local one)",
+            ),
         };
         CliError::msg(format!(
-            "cannot connect to NATS at {}: {e}; {hint}",
+            "cannot connect to NATS at {}: {reason}; {hint}",
             redact::url(&args.nats_url)
         ))
     })?;

@@ -1524,6 +1524,41 @@ fn assert_no_auth_secret(out: &Output, seed: &str) {
     }
 }
 
+/// `outbox stream ensure` against a private nats-server with TLS (a certificate from a CA made
+/// here): the CA given with --nats-tls-ca verifies the server; another CA fails, naming TLS and
+/// the flag to check, not "is it running?".
+#[tokio::test]
+async fn nats_tls_verifies_the_server_against_the_given_ca() {
+    let ca = TestCa::new();
+    let issued = ca.issue(&["127.0.0.1", "localhost"]);
+    let (cert, key) = (
+        issued.cert.display().to_string(),
+        issued.key.display().to_string(),
+    );
+    let server = NatsServer::spawn_with(&["--tls", "--tlscert", &cert, "--tlskey", &key]).await;
+
+    let trusted = ca.cert().display().to_string();
+    let ok = ensure_on(&server, &[], &["--nats-tls-ca", &trusted]).await;
+    ok.expect_code(0);
+    assert!(
+        ok.stdout.starts_with("stream AUTHCHECK ok"),
+        "{}",
+        ok.stdout
+    );
+
+    let other = TestCa::new();
+    let untrusted = other.cert().display().to_string();
+    let refused = ensure_on(&server, &[], &["--nats-tls-ca", &untrusted]).await;
+    refused.expect_code(2);
+    assert!(
+        refused.stderr.contains("cannot connect to NATS at")
+            && refused.stderr.contains("--nats-tls-ca")
+            && !refused.stderr.contains("is nats-server running"),
+        "{}",
+        refused.stderr
+    );
+}
+
 #[tokio::test]
 async fn nats_user_password_nkey_and_token_authenticate_and_a_refusal_is_clear() {
     // a private server that accepts a user/password pair and an nkey user

@@ -113,14 +113,17 @@ pub fn postgres_error(database_url: &str, error: sqlx::Error) -> Error {
 fn is_tls_failure(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Tls(_) => true,
-        sqlx::Error::Io(e) => {
-            let text = e.to_string().to_lowercase();
-            ["certificate", "tls", "ssl"]
-                .iter()
-                .any(|word| text.contains(word))
-        }
+        sqlx::Error::Io(e) => mentions_tls(&e.to_string()),
         _ => false,
     }
+}
+
+/// Whether an I/O error's words are about TLS (a certificate rejected mid-handshake).
+fn mentions_tls(text: &str) -> bool {
+    let text = text.to_lowercase();
+    ["certificate", "tls", "ssl"]
+        .iter()
+        .any(|word| text.contains(word))
 }
 
 /// What a failed connection to NATS at `nats_url` means: [`Error::Authentication`] (the server
@@ -130,7 +133,11 @@ pub fn nats_error(nats_url: &str, error: async_nats::ConnectError) -> Error {
     use async_nats::ConnectErrorKind as Kind;
     let target = redact::url(nats_url);
     let reason = redact::password_in(&error.to_string(), nats_url);
-    match error.kind() {
+    let kind = match error.kind() {
+        Kind::Io if mentions_tls(&reason) => Kind::Tls,
+        kind => kind,
+    };
+    match kind {
         Kind::Authentication | Kind::AuthorizationViolation => Error::Authentication {
             service: "nats",
             target,
@@ -139,6 +146,7 @@ pub fn nats_error(nats_url: &str, error: async_nats::ConnectError) -> Error {
                 .to_owned(),
             source: reason.into(),
         },
+        // rustls's rejection of the server's certificate arrives as an I/O error
         Kind::Tls => Error::Tls {
             service: "nats",
             target,

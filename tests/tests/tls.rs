@@ -1,13 +1,15 @@
 //! TLS to Postgres: a private Postgres (`ssl = on`, a server certificate signed by a CA made in
 //! the test) that accepts only TLS connections; `sslmode=verify-full` with that CA connects
 //! and the relay starts, a wrong CA or a wrong host name fails naming certificate verification
-//! and the fix, a wrong password names the login, and a server without TLS names that.
-//! Every server here is the test's own, stopped by its pid when the test ends.
+//! and the fix, a wrong password names the login, and a server without TLS names that; a
+//! private nats-server with TLS under a CA the client does not trust makes `Relay::connect`
+//! fail with `Error::Tls` for NATS. Every server here is the test's own, stopped by its pid
+//! when the test ends.
 
 use std::time::Duration;
 
 use outbox_runtime::{connect, Error, Relay, RelayConfig};
-use outbox_testkit::{nats_url, PgServer, PgServerConfig, TestCa};
+use outbox_testkit::{database_url, nats_url, NatsServer, PgServer, PgServerConfig, TestCa};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
@@ -218,6 +220,37 @@ async fn sslmode_require_against_a_server_without_tls_says_so() {
     assert!(matches!(err, Error::Tls { .. }), "{err:?}");
     assert!(
         message.contains("does not support TLS") && message.contains("ssl = on"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn the_relay_names_a_nats_tls_failure_and_its_fix() {
+    // a private nats-server with TLS whose CA the client does not trust
+    let ca = TestCa::new();
+    let issued = ca.issue(&["127.0.0.1"]);
+    let (cert, key) = (
+        issued.cert.display().to_string(),
+        issued.key.display().to_string(),
+    );
+    let server = NatsServer::spawn_with(&["--tls", "--tlscert", &cert, "--tlskey", &key]).await;
+    let url = format!("tls://127.0.0.1:{}", server.port());
+    let err = Relay::connect(&database_url(), &url, RelayConfig::default())
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(
+            &err,
+            Error::Tls {
+                service: "nats",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        message.starts_with("TLS to nats at") && message.contains("CA"),
         "{message}"
     );
 }
