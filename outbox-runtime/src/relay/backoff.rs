@@ -52,6 +52,11 @@ impl SubjectBackoff {
     }
 
     /// Whether no subject is paused (or remembered).
+    /// Ends every pause.
+    pub(super) fn clear(&self) {
+        self.entries().clear();
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.entries().is_empty()
     }

@@ -110,6 +110,9 @@ pub struct Relay {
     /// doubling), or cut at a hole ([`CUT_PAUSE`]).
     pauses: backoff::SubjectBackoff,
     cut_pauses: backoff::SubjectBackoff,
+    /// The NATS client's connection count when the pauses were last looked at: a reconnect
+    /// ends the pauses of the subjects the broker could not take.
+    connects_seen: std::sync::atomic::AtomicU64,
     streams: streams::Streams,
     counters: stats::Counters,
     /// The lanes waiting for commits, for the wake lock.
@@ -206,9 +209,11 @@ impl Relay {
         let trace_columns = checks::trace_columns(&pool).await?;
         checks::jetstream(&jetstream, &config).await?;
         checks::streams(&jetstream, &config).await?;
+        let connects_seen = std::sync::atomic::AtomicU64::new(publish::connects(&jetstream));
         Ok(Relay {
             pool,
             jetstream,
+            connects_seen,
             pauses: backoff::SubjectBackoff::new(PAUSE_BASE, PAUSE_MAX),
             cut_pauses: backoff::SubjectBackoff::new(CUT_PAUSE, CUT_PAUSE),
             streams: streams::Streams::default(),
@@ -243,6 +248,15 @@ impl Relay {
     /// The subjects this relay's claims leave out at `now`: paused after not being attempted,
     /// or cut (pauses that ended over a minute ago are forgotten).
     fn paused(&self, now: tokio::time::Instant) -> Vec<String> {
+        // subjects left out while the broker was unreachable are tried again as soon as the
+        // client has reconnected, not when their pause (up to 10 s) ends
+        let connects = publish::connects(&self.jetstream);
+        let seen = self
+            .connects_seen
+            .swap(connects, std::sync::atomic::Ordering::Relaxed);
+        if connects != seen {
+            self.pauses.clear();
+        }
         let forget = Duration::from_secs(60);
         let mut paused = self.pauses.excluded(now, forget);
         paused.extend(self.cut_pauses.excluded(now, forget));

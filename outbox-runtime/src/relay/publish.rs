@@ -544,7 +544,7 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
 }
 
 /// How often the client has connected (reconnects included).
-fn connects(jetstream: &jetstream::Context) -> u64 {
+pub(super) fn connects(jetstream: &jetstream::Context) -> u64 {
     let stats = jetstream.client().statistics();
     stats.connects.load(std::sync::atomic::Ordering::Relaxed)
 }
