@@ -42,6 +42,21 @@ macro_rules! wake_lock {
 }
 pub(crate) use wake_lock;
 
+/// The end of both inserts: the notification, sent only when the wake lock cannot be taken
+/// shared ([`WAKE_KEY`]).
+macro_rules! announced {
+    () => {
+        concat!(
+            " select pg_notify('",
+            notify_channel!(),
+            "', '') from inserted",
+            " where not pg_try_advisory_xact_lock_shared(",
+            wake_lock!(),
+            ")"
+        )
+    };
+}
+
 /// `created_at` is `clock_timestamp()` rather than the column default `now()`, so two events
 /// emitted in one transaction keep their emit order (`now()` is the transaction's start time for
 /// every statement in it). The wake-up rides in the same statement: no extra round trip.
@@ -52,12 +67,7 @@ const INSERT: &str = concat!(
     "with inserted as (",
     " insert into outbox_events (id, event_type, source, subject, time, data, created_at)",
     " values ($1, $2, $3, $4, $5, $6, clock_timestamp()) returning 1)",
-    " select pg_notify('",
-    notify_channel!(),
-    "', '') from inserted",
-    " where not pg_try_advisory_xact_lock_shared(",
-    wake_lock!(),
-    ")"
+    announced!()
 );
 
 /// The insert with the trace context of the emitting span (`$7`, `$8`: null outside one), in
@@ -68,12 +78,7 @@ const INSERT: &str = concat!(
     " insert into outbox_events",
     " (id, event_type, source, subject, time, data, created_at, traceparent, tracestate)",
     " values ($1, $2, $3, $4, $5, $6, clock_timestamp(), $7, $8) returning 1)",
-    " select pg_notify('",
-    notify_channel!(),
-    "', '') from inserted",
-    " where not pg_try_advisory_xact_lock_shared(",
-    wake_lock!(),
-    ")"
+    announced!()
 );
 
 /// An event without a compile-time type, for tools and tests.
