@@ -14,7 +14,8 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://root@127.0.0.1/test";
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
 /// What a failure for a missing service tells the reader to do.
-pub const START_SERVICES: &str = "start it with `scripts/services`";
+pub const START_SERVICES: &str =
+    "start it (in the outbox repository, `scripts/services` starts both services)";
 
 /// `DATABASE_URL`, or [`DEFAULT_DATABASE_URL`].
 pub fn database_url() -> String {

@@ -16,4 +16,5 @@ mod relay_faults;
 mod relay_poison;
 mod relay_replicas;
 mod relay_wake;
+mod testkit;
 mod verify;

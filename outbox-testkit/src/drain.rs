@@ -1,0 +1,101 @@
+//! Publishing everything a test has committed, without running the relay in the background.
+
+use std::time::Duration;
+
+use outbox_runtime::{BatchReport, Relay};
+
+/// How long [`drain`] keeps trying while the broker takes nothing (not connected, a stream
+/// electing a leader) before it fails the test.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+
+/// What [`drain`] published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Drained {
+    /// Batches run, the last one (which claimed nothing) included.
+    pub batches: usize,
+    /// Events acknowledged by JetStream and marked published (duplicates included).
+    pub published: usize,
+    /// Of `published`, acknowledgements JetStream flagged as duplicates.
+    pub duplicates: usize,
+}
+
+/// Runs the relay's batches ([`Relay::run_once`]) until one claims nothing: every committed
+/// event that can be published is then acknowledged by JetStream and marked published.
+///
+/// It fails the test, naming the subjects, event ids and the broker's or the relay's reasons,
+/// as soon as a batch fails to publish an event or holds one: a drain that returns has
+/// published everything it met. To test a failure itself, call [`Relay::run_once`] and read
+/// its [`BatchReport`]. While the broker takes nothing (no connection, an election), it
+/// retries every 50 ms for up to [`DRAIN_LIMIT`].
+///
+/// It claims from every partition, whatever [`RelayConfig::lanes`](outbox_runtime::RelayConfig)
+/// says, and may run beside a relay's [`Relay::run`]: the two take turns per subject.
+///
+/// ```no_run
+/// # async fn example(relay: outbox_runtime::Relay) {
+/// let drained = outbox_testkit::drain(&relay).await;
+/// assert_eq!(drained.published, 1);
+/// # }
+/// ```
+pub async fn drain(relay: &Relay) -> Drained {
+    let mut drained = Drained::default();
+    let end = tokio::time::Instant::now() + DRAIN_LIMIT;
+    loop {
+        let report = relay
+            .run_once()
+            .await
+            .unwrap_or_else(|e| panic!("drain: a relay batch failed: {e}"));
+        drained.batches += 1;
+        drained.published += report.published;
+        drained.duplicates += report.duplicates;
+        if report.failed > 0 || report.held > 0 {
+            panic!("drain: {}; {}", failures(&report), held(relay).await);
+        }
+        if report.claimed == 0 {
+            return drained;
+        }
+        if report.published == 0 {
+            // claimed, but nothing went out: the broker took nothing
+            assert!(
+                tokio::time::Instant::now() < end,
+                "drain: gave up after {DRAIN_LIMIT:?}: the broker took none of the {} events claimed ({} not attempted: is the nats-server reachable?)",
+                report.claimed,
+                report.not_attempted
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn failures(report: &BatchReport) -> String {
+    let mut parts = Vec::new();
+    if report.failed > 0 {
+        parts.push(format!(
+            "{} event(s) failed to publish and back off (the relay's warning log has the broker's answer)",
+            report.failed
+        ));
+    }
+    if report.held > 0 {
+        parts.push(format!("{} event(s) held", report.held));
+    }
+    parts.join(" and ")
+}
+
+/// The held events, with their subjects and reasons, in words.
+async fn held(relay: &Relay) -> String {
+    match relay.held().await {
+        Ok(held) if held.is_empty() => "no event is held".into(),
+        Ok(held) => held
+            .iter()
+            .map(|h| {
+                format!(
+                    "held: event {} of subject `{}` ({}): {}",
+                    h.id, h.subject, h.event_type, h.reason
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        Err(e) => format!("(the held events could not be read: {e})"),
+    }
+}
