@@ -13,7 +13,7 @@ use chrono::Utc;
 use outbox_runtime::EmitExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::events::{
@@ -239,6 +239,33 @@ async fn create(
     State(state): State<AppState>,
     Body(req): Body<CreateSubscription>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let mut tx = state.pool.begin().await?;
+    // an error drops `tx`: the row and its event roll back together, nothing is published
+    let opened = open(&mut tx, req).await?;
+    tx.commit().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "subscription_id": opened.subscription_id,
+            "event_id": opened.event_id,
+            "status": "active"
+        })),
+    ))
+}
+
+/// What [`open`] wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct Opened {
+    /// The new subscription.
+    pub subscription_id: Uuid,
+    /// Its `billing.subscription.created` event.
+    pub event_id: Uuid,
+}
+
+/// Opens a subscription inside `tx`: inserts its row and emits `billing.subscription.created`.
+/// The caller commits; on an error it must roll back (or drop) `tx`, which then holds a row
+/// and an event that must not commit.
+pub async fn open(tx: &mut PgConnection, req: CreateSubscription) -> Result<Opened, ApiError> {
     let seats = NonZeroU64::new(req.seats).ok_or_else(|| invalid("seats", "must be at least 1"))?;
     let seats_db =
         i32::try_from(req.seats).map_err(|_| invalid("seats", "must be at most 10000"))?;
@@ -264,7 +291,6 @@ async fn create(
         }),
     };
 
-    let mut tx = state.pool.begin().await?;
     sqlx::query("insert into subscriptions (id, customer_id, plan, seats) values ($1, $2, $3, $4)")
         .bind(id)
         .bind(req.customer_id)
@@ -273,7 +299,7 @@ async fn create(
         .execute(&mut *tx)
         .await?;
     // Validated against the schema before the insert: a payload the contract refuses (say,
-    // 20,000 seats) is a 422 and the transaction is rolled back when `tx` drops.
+    // 20,000 seats) is a 422, and the caller's transaction is still usable.
     let event_id = tx.emit_at(event, now).await?;
     let held: i64 = sqlx::query_scalar(
         "select coalesce(sum(seats), 0)::int8 from subscriptions where customer_id = $1 and status = 'active'",
@@ -282,19 +308,18 @@ async fn create(
     .fetch_one(&mut *tx)
     .await?;
     if held > CUSTOMER_SEAT_LIMIT {
-        // Dropping `tx` rolls back the subscription row and its event together: nothing is
-        // ever published for this request.
+        // The caller's rollback takes the subscription row and its event together: nothing
+        // is ever published for this request.
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "seat_limit",
             format!("the customer would hold {held} seats; the limit is {CUSTOMER_SEAT_LIMIT}"),
         ));
     }
-    tx.commit().await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "subscription_id": id, "event_id": event_id, "status": "active" })),
-    ))
+    Ok(Opened {
+        subscription_id: id,
+        event_id,
+    })
 }
 
 async fn show(

@@ -112,6 +112,23 @@ create table if not exists welcome_intents (
   recorded_at     timestamptz not null default now()
 )";
 
+/// Creates the outbox's tables (`outbox_runtime::migrate`) and the service's own, when missing.
+pub async fn migrate(pool: &sqlx::PgPool) -> Result<(), Error> {
+    outbox_runtime::migrate(pool).await?;
+    sqlx::raw_sql(SCHEMA).execute(pool).await?;
+    Ok(())
+}
+
+/// The welcome consumer of [`start`], on `pool` and `js`.
+pub fn welcome_consumer(
+    pool: sqlx::PgPool,
+    js: async_nats::jetstream::Context,
+) -> Consumer<events::SubscriptionCreated, welcome::RecordWelcome> {
+    let mut welcome = ConsumerConfig::new(WELCOME_CONSUMER, STREAM);
+    welcome.dead_letter = Some(WELCOME_DEAD_LETTER.into());
+    Consumer::new(pool, js, welcome, welcome::RecordWelcome)
+}
+
 /// A running service: its address, and how to stop it.
 #[derive(Debug)]
 pub struct Running {
@@ -141,8 +158,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
             .acquire_timeout(Duration::from_secs(5)),
     )
     .await?;
-    outbox_runtime::migrate(&pool).await?;
-    sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+    migrate(&pool).await?;
 
     let client = async_nats::connect(&config.nats_url).await.map_err(|e| {
         Error::Config(format!(
@@ -154,9 +170,7 @@ pub async fn start(config: Config) -> Result<Running, Error> {
     StreamSpec::new(STREAM, ["billing.>"]).ensure(&js).await?;
 
     let relay = Relay::new(pool.clone(), js.clone(), config.relay.clone()).await?;
-    let mut welcome = ConsumerConfig::new(WELCOME_CONSUMER, STREAM);
-    welcome.dead_letter = Some(WELCOME_DEAD_LETTER.into());
-    let consumer = Consumer::new(pool.clone(), js.clone(), welcome, welcome::RecordWelcome);
+    let consumer = welcome_consumer(pool.clone(), js.clone());
     consumer.durable().await?;
     let retention = Retention::new(pool.clone(), RetentionConfig::default())?;
 
