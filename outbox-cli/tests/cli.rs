@@ -1850,3 +1850,169 @@ async fn stream_ensure_creates_a_replicated_stream_on_a_cluster_and_refuses_an_u
         out.stderr
     );
 }
+
+/// A NATS JWT (`ed25519-nkey`) with `claims`, issued and signed by `issuer`.
+fn nats_jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let header = URL_SAFE_NO_PAD.encode(r#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": uuid::Uuid::new_v4().simple().to_string().to_uppercase(),
+        "iat": chrono::Utc::now().timestamp(),
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let claims = URL_SAFE_NO_PAD.encode(claims.to_string());
+    let signed = format!("{header}.{claims}");
+    let signature = issuer.sign(signed.as_bytes()).expect("sign the JWT");
+    format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature))
+}
+
+/// An operator-mode server (an operator, one account with JetStream, its JWTs preloaded) and a
+/// `.creds` file for a user of that account, and another for a user of an account the server
+/// does not know.
+struct CredsServer {
+    server: NatsServer,
+    creds: std::path::PathBuf,
+    foreign_creds: std::path::PathBuf,
+    user_seed: String,
+    dir: tempfile::TempDir,
+}
+
+fn creds_file(jwt: &str, seed: &str) -> String {
+    format!(
+        "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+    )
+}
+
+async fn creds_server() -> CredsServer {
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let system = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+        "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1
+    });
+    let operator_jwt = nats_jwt(
+        &operator,
+        &operator.public_key(),
+        "outbox-test-operator",
+        serde_json::json!({
+            "system_account": system.public_key(), "type": "operator", "version": 2
+        }),
+    );
+    let system_jwt = nats_jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({ "type": "account", "version": 2 }),
+    );
+    let account_jwt = nats_jwt(
+        &operator,
+        &account.public_key(),
+        "outbox-test-account",
+        serde_json::json!({ "limits": unlimited, "type": "account", "version": 2 }),
+    );
+    let user_claims = serde_json::json!({
+        "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+        "type": "user", "version": 2
+    });
+    let user_jwt = nats_jwt(&account, &user.public_key(), "outbox", user_claims.clone());
+    let stranger = nkeys::KeyPair::new_account();
+    let foreign_user = nkeys::KeyPair::new_user();
+    let foreign_jwt = nats_jwt(
+        &stranger,
+        &foreign_user.public_key(),
+        "stranger",
+        user_claims,
+    );
+
+    let dir = tempfile::tempdir().expect("a config dir");
+    let config = dir.path().join("operator.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "operator: \"{operator_jwt}\"\nsystem_account: {}\nresolver: MEMORY\n\
+             resolver_preload: {{\n  {}: \"{account_jwt}\"\n  {}: \"{system_jwt}\"\n}}\n",
+            system.public_key(),
+            account.public_key(),
+            system.public_key()
+        ),
+    )
+    .expect("write the server config");
+    let user_seed = user.seed().expect("the user seed");
+    let creds = dir.path().join("outbox.creds");
+    std::fs::write(&creds, creds_file(&user_jwt, &user_seed)).expect("write the creds");
+    let foreign_creds = dir.path().join("stranger.creds");
+    std::fs::write(
+        &foreign_creds,
+        creds_file(&foreign_jwt, &foreign_user.seed().expect("a seed")),
+    )
+    .expect("write the creds");
+    let server = NatsServer::spawn_with(&["-c", config.to_str().expect("utf-8 path")]).await;
+    CredsServer {
+        server,
+        creds,
+        foreign_creds,
+        user_seed,
+        dir,
+    }
+}
+
+/// `.creds` authentication, as an operator issues it (a user JWT and its nkey seed): the
+/// account's user gets in and JetStream works; a user of an account the server does not know
+/// is refused, clearly; a file that is not a creds file names the file; the seed is never
+/// printed.
+#[tokio::test]
+async fn a_creds_file_authenticates_and_a_refusal_is_clear() {
+    let s = creds_server().await;
+    let creds = s.creds.display().to_string();
+    let ok = ensure_on(&s.server, &[], &["--nats-creds", &creds]).await;
+    ok.expect_code(0);
+    assert_no_auth_secret(&ok, &s.user_seed);
+    assert!(
+        ok.stdout.starts_with("stream AUTHCHECK ok"),
+        "{}",
+        ok.stdout
+    );
+
+    let foreign = s.foreign_creds.display().to_string();
+    let refused = ensure_on(&s.server, &[], &["--nats-creds", &foreign]).await;
+    refused.expect_code(2);
+    assert_no_auth_secret(&refused, &s.user_seed);
+    assert!(
+        refused.stderr.contains("cannot connect to NATS at")
+            && refused.stderr.contains("authorization violation")
+            && refused
+                .stderr
+                .contains("the server refused the credentials"),
+        "a user of an unknown account is refused, and the error says so:\n{}",
+        refused.stderr
+    );
+
+    let none = ensure_on(&s.server, &[], &[]).await;
+    none.expect_code(2);
+    assert!(
+        none.stderr.contains("the server refused the credentials"),
+        "{}",
+        none.stderr
+    );
+
+    let not_creds = s.dir.path().join("operator.conf").display().to_string();
+    let unreadable = ensure_on(&s.server, &[], &["--nats-creds", &not_creds]).await;
+    unreadable.expect_code(2);
+    assert!(
+        unreadable
+            .stderr
+            .contains(&format!("cannot read NATS credentials file {not_creds}")),
+        "{}",
+        unreadable.stderr
+    );
+}
