@@ -58,9 +58,14 @@ pub use outbox_macros::OutboxEvent;
 ///   `opentelemetry` feature, and a relay on a table without them works and says so at start.
 /// - `0008_outbox_relays.sql`: the running relays (`outbox_relays`, unlogged), one row each
 ///   with a heartbeat, so that several relays share the subject partitions out between them.
+/// - `0009_outbox_published_idx.sql`: retention's index, the published rows by `published_at`
+///   (a prune statement reads a bounded number of pages however large the table); built
+///   `concurrently`, outside a transaction, so emits and marks go on meanwhile. On a large
+///   table apply it ahead of a rollout (`outbox migrate`): the build reads the whole table.
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
-/// are idempotent: `create ... if not exists`, and a storage setting).
+/// are idempotent: `create ... if not exists`, and a storage setting; 0009 starts with sqlx's
+/// `-- no-transaction` line, which a copy must keep).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Applies [`MIGRATOR`] to `pool`.
@@ -73,6 +78,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder
 /// instead.
 ///
+/// A concurrent index build that failed (cancelled, a connection lost) leaves an invalid index
+/// behind; this drops it and builds it again.
+///
 /// ```no_run
 /// # async fn run() -> outbox_runtime::Result<()> {
 /// let pool = sqlx::PgPool::connect("postgres://root@127.0.0.1/test").await?;
@@ -80,15 +88,46 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
+    // a concurrent build of 0009 that failed (cancelled, a lost connection) leaves an invalid
+    // index that `if not exists` would take for done: drop it, and build it again below
+    let rebuild = drop_invalid_published_index(pool).await?;
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
     match migrator.run(pool).await {
-        Ok(()) => Ok(()),
+        Ok(()) => {}
         Err(sqlx::migrate::MigrateError::VersionMismatch(version)) => {
-            Err(Error::MigrationConflict { version })
+            return Err(Error::MigrationConflict { version })
         }
-        Err(e) => Err(e.into()),
+        Err(e) => return Err(e.into()),
     }
+    if rebuild {
+        sqlx::raw_sql(PUBLISHED_INDEX).execute(pool).await?;
+    }
+    Ok(())
+}
+
+/// Migration 0009: retention's index, built concurrently.
+const PUBLISHED_INDEX: &str = include_str!("../migrations/0009_outbox_published_idx.sql");
+
+/// Drops `outbox_events_published_idx` when a failed concurrent build left it invalid; whether
+/// it did.
+async fn drop_invalid_published_index(pool: &sqlx::PgPool) -> Result<bool> {
+    let invalid: bool = sqlx::query_scalar(
+        "select exists (select 1 from pg_index i join pg_class c on c.oid = i.indexrelid \
+          where c.relname = 'outbox_events_published_idx' \
+            and c.relnamespace = current_schema()::regnamespace and not i.indisvalid)",
+    )
+    .fetch_one(pool)
+    .await?;
+    if invalid {
+        tracing::warn!(
+            "outbox_events_published_idx is invalid (a concurrent build of it failed); dropping it and building it again"
+        );
+        sqlx::raw_sql("drop index concurrently if exists outbox_events_published_idx")
+            .execute(pool)
+            .await?;
+    }
+    Ok(invalid)
 }
 
 #[doc(hidden)]

@@ -119,7 +119,7 @@ pub async fn prune_published(pool: &PgPool, keep: Duration, batch: i64) -> Resul
             "delete from outbox_events where id in ( \
                select id from outbox_events \
                 where published_at is not null and published_at < now() - $1 \
-                limit $2 for update skip locked)",
+                order by published_at limit $2 for update skip locked)",
         )
         .bind(interval(keep))
         .bind(batch)

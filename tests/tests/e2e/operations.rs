@@ -160,3 +160,144 @@ async fn a_prune_batch_below_one_is_refused_before_any_statement() {
         }
     }
 }
+
+/// The pages one prune statement reads (shared buffers hit and read, from `EXPLAIN (ANALYZE,
+/// BUFFERS)`), and whether its plan reads `outbox_events_published_idx`. The statement is
+/// `prune_published`'s, rolled back.
+async fn prune_statement_pages(pool: &sqlx::PgPool) -> (i64, bool) {
+    let mut tx = pool.begin().await.unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(
+        "explain (analyze, buffers, format json) \
+         delete from outbox_events where id in ( \
+           select id from outbox_events \
+            where published_at is not null and published_at < now() - interval '7 days' \
+            order by published_at limit 1000 for update skip locked)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let top = &plan[0]["Plan"];
+    let pages =
+        top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap();
+    (
+        pages,
+        plan.to_string().contains("outbox_events_published_idx"),
+    )
+}
+
+/// Inserts `n` published rows, every `expired_every`th of them published 9 days ago (outside
+/// a 7-day keep), the others a day ago, interleaved.
+async fn insert_published(pool: &sqlx::PgPool, n: i64, expired_every: i64) {
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at) \
+         select gen_random_uuid(), 'ops.row.changed', 'ops', 'row-' || i % 100, now(), \
+                jsonb_build_object('note', repeat('x', 200)), now() - interval '10 days', \
+                case when i % $2 = 0 then now() - interval '9 days' else now() - interval '1 day' end \
+           from generate_series(1, $1) as g(i)",
+    )
+    .bind(n)
+    .bind(expired_every)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("vacuum analyze outbox_events")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_prune_statement_reads_as_many_pages_however_large_the_table() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    // 1,000 expired rows scattered through 30,000 published ones
+    insert_published(pool, 30_000, 30).await;
+    let (small, indexed) = prune_statement_pages(pool).await;
+    assert!(indexed, "the prune statement reads the published index");
+    // four times the table, with the same 1,000 expired rows
+    insert_published(pool, 90_000, i64::MAX).await;
+    let (large, indexed) = prune_statement_pages(pool).await;
+    assert!(indexed, "the prune statement reads the published index");
+    assert!(
+        large * 2 < small * 3,
+        "one prune statement read {small} pages of the table of 30,000 rows and {large} of the table of 120,000"
+    );
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert_eq!(
+        retention::prune_published(pool, week, 1000).await.unwrap(),
+        1000
+    );
+    assert_eq!(retention::count_prunable(pool, week).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn migrate_builds_again_a_published_index_a_failed_concurrent_build_left_invalid() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    let valid = || async {
+        sqlx::query_scalar::<_, Option<bool>>(
+            "select i.indisvalid from pg_index i join pg_class c on c.oid = i.indexrelid \
+              where c.relname = 'outbox_events_published_idx'",
+        )
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+        .flatten()
+    };
+    assert_eq!(valid().await, Some(true), "0009 builds the index");
+
+    for recorded in [false, true] {
+        sqlx::query("drop index outbox_events_published_idx")
+            .execute(pool)
+            .await
+            .unwrap();
+        if !recorded {
+            // the build failed, so sqlx did not record 0009
+            sqlx::query("delete from _sqlx_migrations where version = 9")
+                .execute(pool)
+                .await
+                .unwrap();
+        }
+        // a concurrent build that fails: it waits for an older snapshot and times out
+        let mut old = pool.begin().await.unwrap();
+        sqlx::query("set transaction isolation level repeatable read")
+            .execute(&mut *old)
+            .await
+            .unwrap();
+        sqlx::query("select count(*) from outbox_events")
+            .execute(&mut *old)
+            .await
+            .unwrap();
+        let mut build = pool.acquire().await.unwrap();
+        sqlx::query("set statement_timeout = '500ms'")
+            .execute(&mut *build)
+            .await
+            .unwrap();
+        let failed = sqlx::raw_sql(
+            "create index concurrently outbox_events_published_idx on outbox_events (published_at) \
+             where published_at is not null",
+        )
+        .execute(&mut *build)
+        .await;
+        assert!(failed.is_err(), "the build times out");
+        sqlx::query("reset statement_timeout")
+            .execute(&mut *build)
+            .await
+            .unwrap();
+        drop(build);
+        old.rollback().await.unwrap();
+        assert_eq!(
+            valid().await,
+            Some(false),
+            "the failed build left it invalid"
+        );
+
+        outbox_runtime::migrate(pool).await.unwrap();
+        assert_eq!(
+            valid().await,
+            Some(true),
+            "migrate built it again (0009 recorded before: {recorded})"
+        );
+    }
+}
