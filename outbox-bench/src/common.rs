@@ -166,7 +166,7 @@ impl BenchStream {
 
 /// The payload every mode uses, as SQL over `i` (row number) and `s` (subject number): valid
 /// against `bench.order.placed`, about 330 bytes of JSON.
-const PAYLOAD_SQL: &str = "jsonb_build_object(
+pub const PAYLOAD_SQL: &str = "jsonb_build_object(
     'order_id', md5('order' || s)::uuid,
     'customer_id', md5('customer' || i)::uuid,
     'amount_cents', (i * 37) % 100000 + 2449,

@@ -1,24 +1,47 @@
-//! `retention`: relay throughput with and without a retention task deleting history.
+//! `retention`: what pruning costs on a large table whose expired rows lie scattered through
+//! it, as months of deletes and reuse leave them.
 //!
-//! Each run starts from a table holding 500,000 rows published 8 days ago and a backlog of
-//! 50,000 unpublished rows (1,000 subjects), vacuumed and analyzed. One relay drains the
-//! backlog; in the *with* runs a task calls
-//! [`prune_published`](outbox_runtime::retention::prune_published) (keep 7 days, 1,000 rows per
-//! statement) in a loop on its own pool meanwhile, so it deletes the history while the relay
-//! works. Runs alternate; figures are medians. Last line:
-//! `relay_with_retention_ratio=<median rate with / median rate without>`.
+//! The table holds `--rows=N` published rows (default 20,000,000; `--quick` 400,000), one in
+//! twenty published 9 to 10 days ago (past the default keep of 7 days) at random places, the
+//! others within the last 6 days; vacuumed and analyzed. Two parts:
+//!
+//! - **Pages per prune statement**, from `EXPLAIN (ANALYZE, BUFFERS)` (shared buffers hit and
+//!   read): the first statement and the n-th (after n - 1 committed ones; n = 100, or fewer on
+//!   a table too small to hold 2n thousand expired rows) of
+//!   [`prune_published`](outbox_runtime::retention::prune_published)'s statement, which takes
+//!   its batch oldest first through migration 0009's index; then the same for the statement
+//!   before 0009 (no order, no index: a scan until it meets 1,000 expired rows), with the index
+//!   dropped in a transaction that is rolled back. Lines `prune_pages_first=`,
+//!   `prune_pages_nth=`, `prune_pages_unindexed_first=`, `prune_pages_unindexed_nth=`.
+//! - **The relay with and without pruning**: one relay drains a backlog of 50,000 rows (1,000
+//!   subjects) on that table; in the *with* runs a task prunes (keep 7 days, 1,000 rows per
+//!   statement) in a loop on its own pool meanwhile. Runs alternate; figures are medians. Last
+//!   line: `relay_with_retention_ratio=<median rate with / median rate without>`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox_runtime::retention::prune_published;
+use sqlx::PgPool;
 
-use crate::common::{self, BenchStream};
+use crate::common::{self, BenchStream, PAYLOAD_SQL};
 
 const SUBJECTS: i64 = 1_000;
 const KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
-const AGE: Duration = Duration::from_secs(8 * 24 * 3600);
+/// Rows per insert statement while filling the table.
+const CHUNK: i64 = 1_000_000;
+
+/// The prune statement `prune_published` runs (keep 7 days, 1,000 rows).
+const PRUNE: &str = "delete from outbox_events where id in ( \
+    select id from outbox_events \
+     where published_at is not null and published_at < now() - interval '7 days' \
+     order by published_at limit 1000 for update skip locked)";
+/// The statement before migration 0009: no order, so no index to follow.
+const PRUNE_UNINDEXED: &str = "delete from outbox_events where id in ( \
+    select id from outbox_events \
+     where published_at is not null and published_at < now() - interval '7 days' \
+     limit 1000 for update skip locked)";
 
 /// Runs the benchmark and prints its figures.
 pub fn run() {
@@ -27,27 +50,54 @@ pub fn run() {
 }
 
 async fn bench(quick: bool) {
-    let (history, backlog): (i64, i64) = if quick {
-        (50_000, 5_000)
-    } else {
-        (500_000, 50_000)
-    };
+    let rows =
+        common::option("rows").map_or(if quick { 400_000 } else { 20_000_000 }, |r| r as i64);
+    let backlog: i64 = if quick { 5_000 } else { 50_000 };
     let rounds = if quick { 1 } else { 3 };
     let db = common::database().await;
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
-        "backlog {backlog} events, history {history} published rows (8 days old, keep 7 days), {rounds} rounds, 1 relay"
+        "{rows} published rows, 1 in 20 expired (keep 7 days) at random places; backlog {backlog} events, {rounds} rounds, 1 relay"
     );
+    let filled = Instant::now();
+    fill_history(&db.pool, &stream.prefix, rows).await;
+    common::vacuum(&db).await;
+    let sizes: (String, String, String) = sqlx::query_as(
+        "select pg_size_pretty(pg_relation_size('outbox_events')), \
+                pg_size_pretty(pg_relation_size('outbox_events_published_idx')), \
+                pg_size_pretty(pg_relation_size('outbox_events_pkey'))",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("sizes");
+    println!(
+        "filled in {:.0} s: table {}, published index {}, primary key {}",
+        filled.elapsed().as_secs_f64(),
+        sizes.0,
+        sizes.1,
+        sizes.2
+    );
+    // the history's ids are older than any backlog row's (both are ordered by time)
+    let history_end: uuid::Uuid =
+        sqlx::query_scalar("select id from outbox_events order by id desc limit 1")
+            .fetch_one(&db.pool)
+            .await
+            .expect("the newest history id");
+
+    // the n-th statement meets as many expired rows as the first (a twentieth of the rows are)
+    let nth = (rows / 20 / 2_000).clamp(2, 100);
+    pages(&db.pool, nth).await;
+
     let (mut without, mut with) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         for pruning in [false, true] {
-            common::truncate(&db).await;
             stream.purge().await;
-            common::fill_published(&db.pool, &stream.prefix, history, SUBJECTS, AGE).await;
             common::fill_backlog(&db.pool, &stream.prefix, backlog, SUBJECTS).await;
-            common::vacuum(&db).await;
-
+            sqlx::query("analyze outbox_events")
+                .execute(&db.pool)
+                .await
+                .expect("analyze");
             let stop = Arc::new(AtomicBool::new(false));
             let pruner = pruning.then(|| {
                 let stop = stop.clone();
@@ -60,33 +110,27 @@ async fn bench(quick: bool) {
                         .expect("connect the retention pool");
                     let mut pruned = 0;
                     while !stop.load(Ordering::Relaxed) {
-                        let n = prune_published(&pool, KEEP, 1_000).await.expect("prune");
-                        pruned += n;
-                        if n == 0 {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
+                        // one statement at a time, as the loop inside would run them
+                        pruned += prune_published(&pool, KEEP, 1_000).await.expect("prune");
                     }
                     pruned
                 })
             });
             let rate = crate::relay::drain(&db, &stream, 1, backlog).await;
-            let left: i64 = sqlx::query_scalar(
-                "select count(*) from outbox_events where published_at < now() - interval '7 days'",
-            )
-            .fetch_one(&db.pool)
-            .await
-            .expect("count history");
             stop.store(true, Ordering::Relaxed);
             if let Some(p) = pruner {
                 let pruned = p.await.expect("retention task");
-                println!(
-                    "  retention: {} history rows deleted while the relay drained, {pruned} in all",
-                    history - left
-                );
+                println!("  retention: {pruned} expired rows deleted while the relay drained");
                 with.push(rate);
             } else {
                 without.push(rate);
             }
+            // the backlog goes, so every run meets the same table
+            sqlx::query("delete from outbox_events where id > $1")
+                .bind(history_end)
+                .execute(&db.pool)
+                .await
+                .expect("delete the backlog");
         }
         println!(
             "round {round}: without retention {:.0} events/s, with retention {:.0} events/s",
@@ -100,4 +144,105 @@ async fn bench(quick: bool) {
     println!("relay_without_retention_events_per_s={without:.0}");
     println!("relay_with_retention_events_per_s={with:.0}");
     println!("relay_with_retention_ratio={:.3}", with / without);
+}
+
+/// Inserts `rows` published rows in statements of [`CHUNK`]: ids and `created_at` ordered by
+/// time 10 days ago, `published_at` 9 to 10 days ago for one row in twenty at random, else
+/// within the last 6 days. The table is filled at fillfactor 100 (as marks and vacuums leave
+/// its pages), then set back to migration 0004's 50.
+async fn fill_history(pool: &PgPool, prefix: &str, rows: i64) {
+    sqlx::query("alter table outbox_events set (fillfactor = 100)")
+        .execute(pool)
+        .await
+        .expect("fillfactor");
+    let created = "now() - interval '10 days' + i * interval '1 microsecond'";
+    let sql = format!(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at)
+         select (lpad(to_hex((extract(epoch from {created}) * 1000000)::bigint), 14, '0')
+                 || substr(md5(i::text || random()::text), 1, 18))::uuid,
+                $1 || '.order.placed', 'bench', md5('order' || s)::uuid::text, now(),
+                {PAYLOAD_SQL}, {created},
+                case when random() < 0.05 then now() - interval '9 days' - random() * interval '1 day'
+                     else now() - random() * interval '6 days' end
+           from generate_series($2::int8, $3::int8) as g(i), lateral (select i % $4 as s) as x"
+    );
+    let mut from = 1;
+    while from <= rows {
+        let to = (from + CHUNK - 1).min(rows);
+        // the text is the bench's own; the values go in as bind parameters
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(prefix)
+            .bind(from)
+            .bind(to)
+            .bind(SUBJECTS)
+            .execute(pool)
+            .await
+            .expect("fill the history");
+        from = to + 1;
+    }
+    sqlx::query("alter table outbox_events set (fillfactor = 50)")
+        .execute(pool)
+        .await
+        .expect("fillfactor");
+}
+
+/// Shared buffers one statement touched (hit and read) and its time in ms, by `EXPLAIN
+/// (ANALYZE, BUFFERS)` on `conn` (the statement runs).
+async fn explain(conn: &mut sqlx::PgConnection, statement: &str) -> (i64, f64) {
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "explain (analyze, buffers, format json) {statement}"
+    )))
+    .fetch_one(conn)
+    .await
+    .expect("explain");
+    let top = &plan[0]["Plan"];
+    let blocks = |k: &str| top[k].as_i64().unwrap_or(0);
+    (
+        blocks("Shared Hit Blocks") + blocks("Shared Read Blocks"),
+        plan[0]["Execution Time"].as_f64().unwrap_or(0.0),
+    )
+}
+
+/// [`explain`] in a transaction that is rolled back: nothing is deleted.
+async fn explain_only(pool: &PgPool, statement: &str) -> (i64, f64) {
+    let mut tx = pool.begin().await.expect("begin");
+    let figures = explain(&mut tx, statement).await;
+    tx.rollback().await.expect("rollback");
+    figures
+}
+
+/// The pages of the first and the `nth` prune statement, with and without the index.
+async fn pages(pool: &PgPool, nth: i64) {
+    let (first, first_ms) = explain_only(pool, PRUNE).await;
+    for _ in 1..nth {
+        sqlx::query(PRUNE).execute(pool).await.expect("prune");
+    }
+    let (hundredth, hundredth_ms) = explain_only(pool, PRUNE).await;
+    println!(
+        "prune statement through the published index: first {first} pages ({first_ms:.1} ms), statement {nth}: {hundredth} pages ({hundredth_ms:.1} ms)"
+    );
+    // before 0009: the same table without the index, statements that scan until they meet
+    // their rows; 99 of them and the 100th in one transaction, rolled back
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("drop index outbox_events_published_idx")
+        .execute(&mut *tx)
+        .await
+        .expect("drop the index");
+    let (un_first, un_first_ms) = explain(&mut tx, PRUNE_UNINDEXED).await;
+    // explain analyze ran the delete: 1 statement done
+    for _ in 2..nth {
+        sqlx::query(PRUNE_UNINDEXED)
+            .execute(&mut *tx)
+            .await
+            .expect("prune");
+    }
+    let (un_hundredth, un_hundredth_ms) = explain(&mut tx, PRUNE_UNINDEXED).await;
+    tx.rollback().await.expect("rollback");
+    println!(
+        "prune statement before 0009 (no index): first {un_first} pages ({un_first_ms:.1} ms), statement {nth}: {un_hundredth} pages ({un_hundredth_ms:.1} ms)"
+    );
+    println!("prune_pages_first={first}");
+    println!("prune_pages_nth={hundredth}");
+    println!("prune_pages_unindexed_first={un_first}");
+    println!("prune_pages_unindexed_nth={un_hundredth}");
 }
