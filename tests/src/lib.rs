@@ -26,3 +26,86 @@ pub mod golden {
         include!("../golden/minimal/expected.rs");
     }
 }
+
+/// The process's metrics, as the suites assert on them: a debugging recorder installed once
+/// per test binary, and counter totals kept across its snapshots (a snapshot drains the
+/// counters, so each is folded into totals every caller shares). Each test labels its own
+/// counters apart (its own consumer name or event type), so tests running side by side do not
+/// mix.
+pub mod recorded {
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::{Mutex, OnceLock};
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+    /// A counter: its name and labels, sorted.
+    type Key = (String, Vec<(String, String)>);
+
+    /// Installs the recorder (the first call in the process does).
+    pub fn install() {
+        snapshotter();
+    }
+
+    fn snapshotter() -> &'static Snapshotter {
+        static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+        SNAPSHOTTER.get_or_init(|| {
+            let recorder = DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            recorder.install().expect("install the debugging recorder");
+            snapshotter
+        })
+    }
+
+    /// Every counter's total so far, `f` applied to the totals.
+    fn with_totals<T>(f: impl FnOnce(&HashMap<Key, u64>) -> T) -> T {
+        static TOTALS: OnceLock<Mutex<HashMap<Key, u64>>> = OnceLock::new();
+        let mut totals = TOTALS.get_or_init(Default::default).lock().expect("totals");
+        for (key, _, _, value) in snapshotter().snapshot().into_vec() {
+            let DebugValue::Counter(n) = value else {
+                continue;
+            };
+            let mut labels: Vec<(String, String)> = key
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            labels.sort();
+            *totals
+                .entry((key.key().name().to_owned(), labels))
+                .or_default() += n;
+        }
+        f(&totals)
+    }
+
+    fn matches(labels: &[(String, String)], with: &[(&str, &str)]) -> bool {
+        with.iter()
+            .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+    }
+
+    /// The total of counter `name` over the series whose labels include all of `with`.
+    pub fn counter(name: &str, with: &[(&str, &str)]) -> u64 {
+        with_totals(|totals| {
+            totals
+                .iter()
+                .filter(|((n, labels), _)| n == name && matches(labels, with))
+                .map(|(_, v)| v)
+                .sum()
+        })
+    }
+
+    /// [`counter`], by the value of label `by`.
+    pub fn counter_by(name: &str, with: &[(&str, &str)], by: &str) -> BTreeMap<String, u64> {
+        with_totals(|totals| {
+            let mut out = BTreeMap::new();
+            for ((n, labels), v) in totals {
+                if n != name || !matches(labels, with) {
+                    continue;
+                }
+                if let Some((_, value)) = labels.iter().find(|(k, _)| k == by) {
+                    *out.entry(value.clone()).or_default() += v;
+                }
+            }
+            out
+        })
+    }
+}

@@ -24,6 +24,10 @@ const DURING: usize = 10_000;
 const PER_TX: usize = 100;
 
 type Expected = Arc<Mutex<HashMap<String, Vec<Uuid>>>>;
+
+/// Failure reasons that spend an attempt: an answer the relay cannot tell from a lost message.
+/// The others (no connection, an election, a leader change, a reconnect) cost none.
+const SPENDING: [&str; 2] = ["timeout", "deadline"];
 /// A relay running in the background, and how to stop it.
 type Running = (Arc<Relay>, (oneshot::Sender<()>, JoinHandle<()>));
 
@@ -41,6 +45,7 @@ struct Drill {
 
 impl Drill {
     async fn start() -> Drill {
+        outbox_tests::recorded::install();
         let cluster = NatsCluster::spawn(3).await;
         let client = cluster.connect().await;
         let js = async_nats::jetstream::new(client.clone());
@@ -161,9 +166,24 @@ impl Drill {
                 duplicates += 1;
             }
         }
+        let reasons = outbox_tests::recorded::counter_by(
+            outbox_runtime::metrics::PUBLISH_FAILURES,
+            &[("event_type", &self.event_type)],
+            "reason",
+        );
         eprintln!(
-            "{fault}: {} messages ({duplicates} duplicates), drained {drained:?} after the fault, {not_attempted} publishes not attempted, {with_attempts} rows with attempts (max {max_attempts})",
+            "{fault}: {} messages ({duplicates} duplicates), drained {drained:?} after the fault, {not_attempted} publishes not attempted, {with_attempts} rows with attempts (max {max_attempts}); failures by reason: {reasons:?}",
             messages.len()
+        );
+        // an attempt spent is one of the failures that spend one, and each is in the metric
+        let spent: u64 = reasons
+            .iter()
+            .filter(|(reason, _)| SPENDING.contains(&reason.as_str()))
+            .map(|(_, n)| n)
+            .sum();
+        assert!(
+            spent >= with_attempts as u64,
+            "{fault}: {with_attempts} rows spent an attempt, but only {spent} failures that spend one were counted: {reasons:?}"
         );
         let expected = self.expected.lock().unwrap().clone();
         let committed: usize = expected.values().map(Vec::len).sum();

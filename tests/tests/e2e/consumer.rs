@@ -2,13 +2,11 @@
 //! handled once, retries, replicas sharing a durable, undecodable messages, and the metrics
 //! that report each.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use outbox_runtime::consumer::{
     decode, Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Outcome,
 };
@@ -32,42 +30,9 @@ pub(crate) struct AccountOpened {
 
 pub(crate) const STREAM: &str = "ACCOUNTS";
 
-/// The process-wide metrics recorder the assertions read (each test uses its own consumer
-/// name, so their counters do not mix).
-pub(crate) fn snapshotter() -> &'static Snapshotter {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder.install().expect("install the debugging recorder");
-        snapshotter
-    })
-}
-
-/// The total of counter `name` for `consumer` so far. Snapshots drain the recorder's
-/// counters, so every snapshot is folded into running totals shared by all tests.
+/// The total of counter `name` for `consumer` so far.
 pub(crate) fn counter(name: &str, consumer: &str) -> u64 {
-    static TOTALS: OnceLock<Mutex<HashMap<(String, String), u64>>> = OnceLock::new();
-    let mut totals = TOTALS.get_or_init(Default::default).lock().expect("totals");
-    for (key, _, _, value) in snapshotter().snapshot().into_vec() {
-        let DebugValue::Counter(n) = value else {
-            continue;
-        };
-        let label = key
-            .key()
-            .labels()
-            .find(|l| l.key() == "consumer")
-            .map(|l| l.value().to_owned());
-        if let Some(label) = label {
-            *totals
-                .entry((key.key().name().to_owned(), label))
-                .or_default() += n;
-        }
-    }
-    totals
-        .get(&(name.to_owned(), consumer.to_owned()))
-        .copied()
-        .unwrap_or(0)
+    outbox_tests::recorded::counter(name, &[("consumer", consumer)])
 }
 
 /// A private broker with the fixture's stream, and a migrated database with the handler's table.
@@ -79,7 +44,7 @@ pub(crate) struct Setup {
 }
 
 pub(crate) async fn setup(duplicate_window: Duration) -> Setup {
-    snapshotter();
+    outbox_tests::recorded::install();
     let db = TestDb::new().await;
     sqlx::query("create table effects (event_id uuid not null, account_id uuid not null, n bigint not null)")
         .execute(&db.pool)
