@@ -137,6 +137,13 @@ async fn drain_publishes_everything_committed_and_names_an_event_it_could_not_pu
     assert!(message.contains(&id.to_string()), "{message}");
     assert!(message.contains(&stray), "{message}");
     assert!(message.contains("no stream"), "{message}");
+    // still held, it is not claimable: the next drain names it all the same
+    let message = panic_message(async {
+        drain(&relay).await;
+    })
+    .await;
+    assert!(message.contains("an event is held"), "{message}");
+    assert!(message.contains(&id.to_string()), "{message}");
     ctx.delete_stream().await;
 }
 
