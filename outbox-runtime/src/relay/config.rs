@@ -118,8 +118,11 @@ impl RelayConfig {
             .min(self.backoff_max)
     }
 
-    /// The connections a relay's pool should allow: one per lane, one for `LISTEN`, one for
-    /// the wake lock, one for the backlog gauges and one for the heartbeat in `outbox_relays`.
+    /// The connections a relay's pool should allow: one per lane, one for the wake lock, one
+    /// for the backlog gauges, one for the heartbeat in `outbox_relays`, and one to spare. The
+    /// `LISTEN` connection is opened beside the pool, with the pool's connect options, so that
+    /// a connection gone silent is dropped with its own pool of one instead of keeping one of
+    /// the relay's (the server counts it: `lanes + 5` connections in all).
     /// [`Relay::connect`](crate::Relay::connect) opens a pool of this size;
     /// [`Relay::new`](crate::Relay::new) refuses a pool of fewer than `lanes + 2`.
     ///

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio::time::timeout;
@@ -47,7 +47,14 @@ const RECONNECT_MAX: Duration = Duration::from_secs(5);
 pub(super) async fn listen(pool: PgPool, signals: Signals) {
     let mut retry = RECONNECT_FIRST;
     loop {
-        match PgListener::connect_with(&pool).await {
+        // A pool of its own for each connection: sqlx runs `UNLISTEN *` on a dropped listener's
+        // connection before it returns it, with no timeout, so a silent connection would hang
+        // there and never come back to the relay's pool.
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(RECONNECT_MAX)
+            .connect_lazy_with(pool.connect_options().as_ref().clone());
+        match PgListener::connect_with(&own).await {
             Ok(mut listener) => {
                 match listener.listen(NOTIFY_CHANNEL).await {
                     Ok(()) => {

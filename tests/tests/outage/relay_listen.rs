@@ -103,7 +103,11 @@ async fn a_silent_listen_connection_is_noticed_and_replaced() {
         .connect_with(options.clone().host("127.0.0.1").port(port))
         .await
         .unwrap();
-    let relay = Arc::new(Relay::new(pool, ctx.js.clone(), config).await.unwrap());
+    let relay = Arc::new(
+        Relay::new(pool.clone(), ctx.js.clone(), config)
+            .await
+            .unwrap(),
+    );
     let (stop, running) = run_relay(relay.clone());
 
     let first = emit_committed(
@@ -157,5 +161,13 @@ async fn a_silent_listen_connection_is_noticed_and_replaced() {
     .await;
     stop.send(()).unwrap();
     running.await.unwrap();
+    // the silent connection was the listener's own: every connection of the relay's pool is
+    // back in it (sqlx's `UNLISTEN *` on a dropped listener hangs on a silent connection)
+    eventually(
+        Duration::from_secs(10),
+        "the relay's pool has all its connections back once the relay stopped",
+        || async { pool.num_idle() == pool.size() as usize },
+    )
+    .await;
     ctx.delete_stream().await;
 }
