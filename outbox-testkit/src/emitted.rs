@@ -52,14 +52,22 @@ pub struct Emitted<E> {
 /// # }
 /// ```
 pub async fn emitted<E: OutboxEvent>(tx: &mut PgConnection) -> Vec<Emitted<E>> {
-    // `age(xmin)` is at most 0 for the rows of this transaction and of those that began after
-    // it; of those, the ones still in progress are this transaction's own (its savepoints'
-    // included), as no other transaction's uncommitted rows are visible.
+    // A row's xmin, as the full transaction id: the transaction's own id (`top`) plus the
+    // row's 32-bit distance from it. The transaction's rows (its savepoints' too) and those of
+    // transactions that began after it are at a distance of 0 or more; of those, the ones
+    // still in progress are the transaction's own, as no other transaction's uncommitted rows
+    // are visible. (`age(xmin)` would not do: it measures from a value fixed at the first call
+    // in the transaction, which may come before the transaction has an id.)
     let rows: Vec<(Uuid, String, DateTime<Utc>, serde_json::Value)> = sqlx::query_as(
-        "select id, subject, time, data from outbox_events \
-          where event_type = $1 and published_at is null and age(xmin) <= 0 \
-            and pg_xact_status((pg_current_xact_id()::text::bigint - age(xmin))::text::xid8) \
-                = 'in progress' \
+        "with me as (select pg_current_xact_id()::text::int8 as top), \
+              o as (select o.id, o.subject, o.time, o.data, o.created_at, me.top, \
+                           (o.xmin::text::int8 - (me.top & 4294967295) + 4294967296) \
+                             % 4294967296 as distance \
+                      from outbox_events o, me \
+                     where o.event_type = $1 and o.published_at is null) \
+         select id, subject, time, data from o \
+          where distance < 2147483648 \
+            and pg_xact_status((top + distance)::text::xid8) = 'in progress' \
           order by created_at, id",
     )
     .bind(E::EVENT_TYPE)

@@ -87,9 +87,16 @@ async fn emitted_reads_the_transactions_own_events_and_its_savepoints() {
     assert_eq!(events[0].subject, events[0].event.account_id.to_string());
     tx.commit().await.unwrap();
 
-    // a later transaction has emitted nothing yet
+    // a later transaction has emitted nothing yet; asked before it has a transaction id, and
+    // again after another transaction took the next id and it emitted
     let mut later = pool.begin().await.unwrap();
     assert!(emitted::<AccountOpened>(&mut later).await.is_empty());
+    let mut between = pool.begin().await.unwrap();
+    between.emit(opened(7)).await.unwrap();
+    between.commit().await.unwrap();
+    later.emit(opened(8)).await.unwrap();
+    assert_eq!(ns(&emitted::<AccountOpened>(&mut later).await), [8]);
+    later.rollback().await.unwrap();
     // a plain connection outside a transaction: each statement its own transaction
     let mut conn = pool.acquire().await.unwrap();
     let conn: &mut PgConnection = conn.acquire().await.unwrap();
