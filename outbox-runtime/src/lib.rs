@@ -59,13 +59,12 @@ pub use outbox_macros::OutboxEvent;
 /// - `0008_outbox_relays.sql`: the running relays (`outbox_relays`, unlogged), one row each
 ///   with a heartbeat, so that several relays share the subject partitions out between them.
 /// - `0009_outbox_published_idx.sql`: retention's index, the published rows by `published_at`
-///   (a prune statement reads a bounded number of pages however large the table); built
-///   `concurrently`, outside a transaction, so emits and marks go on meanwhile. On a large
-///   table apply it ahead of a rollout (`outbox migrate`): the build reads the whole table.
+///   (a prune statement reads a bounded number of pages however large the table). Its build
+///   holds writes to the table: on a large table build it `concurrently` beforehand (the
+///   file gives the statement) and the migration finds it.
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
-/// are idempotent: `create ... if not exists`, and a storage setting; 0009 starts with sqlx's
-/// `-- no-transaction` line, which a copy must keep).
+/// are idempotent: `create ... if not exists`, and a storage setting).
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Applies [`MIGRATOR`] to `pool`.
@@ -78,8 +77,9 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder
 /// instead.
 ///
-/// A concurrent index build that failed (cancelled, a connection lost) leaves an invalid index
-/// behind; this drops it and builds it again.
+/// A concurrent build of `outbox_events_published_idx` that failed (cancelled, a connection
+/// lost) leaves an invalid index behind, which `if not exists` would take for done: this
+/// drops it and builds it again (a build still in progress is left alone).
 ///
 /// ```no_run
 /// # async fn run() -> outbox_runtime::Result<()> {
@@ -88,8 +88,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
-    // a concurrent build of 0009 that failed (cancelled, a lost connection) leaves an invalid
-    // index that `if not exists` would take for done: drop it, and build it again below
+    // a concurrent build of 0009's index that failed leaves an invalid index that `if not
+    // exists` would take for done: drop it, and build it again below
     let rebuild = drop_invalid_published_index(pool).await?;
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
@@ -106,28 +106,33 @@ pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
     Ok(())
 }
 
-/// Migration 0009: retention's index, built concurrently.
+/// Migration 0009: retention's index.
 const PUBLISHED_INDEX: &str = include_str!("../migrations/0009_outbox_published_idx.sql");
 
-/// Drops `outbox_events_published_idx` when a failed concurrent build left it invalid; whether
-/// it did.
+/// Drops `outbox_events_published_idx` when it is invalid (a concurrent build of it failed)
+/// and no build of it is in progress; whether it did.
 async fn drop_invalid_published_index(pool: &sqlx::PgPool) -> Result<bool> {
-    let invalid: bool = sqlx::query_scalar(
-        "select exists (select 1 from pg_index i join pg_class c on c.oid = i.indexrelid \
-          where c.relname = 'outbox_events_published_idx' \
-            and c.relnamespace = current_schema()::regnamespace and not i.indisvalid)",
+    let invalid: Option<String> = sqlx::query_scalar(
+        "select c.oid::regclass::text from pg_index i join pg_class c on c.oid = i.indexrelid \
+          where i.indrelid = to_regclass('outbox_events') \
+            and c.relname = 'outbox_events_published_idx' and not i.indisvalid \
+            and not exists (select 1 from pg_stat_progress_create_index p \
+                             where p.index_relid = c.oid)",
     )
-    .fetch_one(pool)
+    .fetch_optional(pool)
     .await?;
-    if invalid {
-        tracing::warn!(
-            "outbox_events_published_idx is invalid (a concurrent build of it failed); dropping it and building it again"
-        );
-        sqlx::raw_sql("drop index concurrently if exists outbox_events_published_idx")
-            .execute(pool)
-            .await?;
-    }
-    Ok(invalid)
+    let Some(index) = invalid else {
+        return Ok(false);
+    };
+    tracing::warn!(
+        %index,
+        "outbox_events_published_idx is invalid (a concurrent build of it failed); dropping it and building it again"
+    );
+    // the name is the catalog's own, quoted by `regclass`
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("drop index if exists {index}")))
+        .execute(pool)
+        .await?;
+    Ok(true)
 }
 
 #[doc(hidden)]

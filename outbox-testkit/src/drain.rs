@@ -27,9 +27,11 @@ pub struct Drained {
 /// as soon as a batch fails to publish an event or holds one, and at the end if an event is
 /// held from before: a drain that returns has published everything it met and leaves no event
 /// held. (A subject backing off from an earlier failure is not claimable until its retry is
-/// due, so its events may still wait.) To test a failure itself, call [`Relay::run_once`] and read
-/// its [`BatchReport`]. While the broker takes nothing (no connection, an election), it
-/// retries every 50 ms for up to [`DRAIN_LIMIT`].
+/// due, so its events may still wait.) To test a failure itself, call [`Relay::run_once`] and
+/// read its [`BatchReport`]. While events wait that no batch can take yet (the broker takes
+/// nothing during an election or without a connection, the relay pauses such a subject for a
+/// moment, another transaction locks a row), it tries again every 50 ms, and fails the test
+/// after [`DRAIN_LIMIT`] without progress.
 ///
 /// It claims from every partition, whatever [`RelayConfig::lanes`](outbox_runtime::RelayConfig)
 /// says, and may run beside a relay's [`Relay::run`]: the two take turns per subject.
@@ -42,7 +44,7 @@ pub struct Drained {
 /// ```
 pub async fn drain(relay: &Relay) -> Drained {
     let mut drained = Drained::default();
-    let end = tokio::time::Instant::now() + DRAIN_LIMIT;
+    let mut end = tokio::time::Instant::now() + DRAIN_LIMIT;
     loop {
         let report = relay
             .run_once()
@@ -54,25 +56,53 @@ pub async fn drain(relay: &Relay) -> Drained {
         if report.failed > 0 || report.held > 0 {
             panic!("drain: {}; {}", failures(&report), held_list(relay).await);
         }
+        if report.published > 0 {
+            end = tokio::time::Instant::now() + DRAIN_LIMIT;
+            continue;
+        }
         if report.claimed == 0 {
             // held before this drain began: not claimable, and not published either
-            match relay.held().await {
-                Ok(held) if held.is_empty() => return drained,
-                Ok(_) => panic!("drain: an event is held; {}", held_list(relay).await),
-                Err(e) => panic!("drain: reading the held events: {e}"),
+            let held = relay
+                .held()
+                .await
+                .unwrap_or_else(|e| panic!("drain: reading the held events: {e}"));
+            if !held.is_empty() {
+                panic!("drain: an event is held; {}", held_list(relay).await);
             }
-        }
-        if report.published == 0 {
-            // claimed, but nothing went out: the broker took nothing
+            // rows this claim left out for now: a subject the relay paused for a moment after
+            // the broker took nothing, or a row another transaction locks
+            let waiting = waiting(relay).await;
+            if waiting == 0 {
+                return drained;
+            }
             assert!(
                 tokio::time::Instant::now() < end,
-                "drain: gave up after {DRAIN_LIMIT:?}: the broker took none of the {} events claimed ({} not attempted: is the nats-server reachable?)",
-                report.claimed,
-                report.not_attempted
+                "drain: gave up after {DRAIN_LIMIT:?}: {waiting} unpublished event(s), none parked, and no batch could take them (locked by another transaction, or the broker took none: is the nats-server reachable?)"
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        } else {
+            // claimed, but nothing went out
+            assert!(
+                tokio::time::Instant::now() < end,
+                "drain: gave up after {DRAIN_LIMIT:?}: the last batch claimed {} event(s) and published none ({} not attempted: is the nats-server reachable? {} skipped behind an earlier event of their subject)",
+                report.claimed,
+                report.not_attempted,
+                report.skipped
+            );
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Unpublished rows whose subject is not parked (no retry schedule): rows a later batch may
+/// take.
+async fn waiting(relay: &Relay) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from outbox_events o where o.published_at is null \
+            and not exists (select 1 from outbox_retries r where r.subject = o.subject)",
+    )
+    .fetch_one(relay.pool())
+    .await
+    .unwrap_or_else(|e| panic!("drain: counting the unpublished events: {e}"))
 }
 
 fn failures(report: &BatchReport) -> String {

@@ -25,6 +25,10 @@ pub struct Emitted<E> {
 /// emitted in a savepoint (a nested `begin`) count while it stands; after a rollback to it they
 /// are gone, as they would be from the table.
 ///
+/// An event counts when the transaction inserted it: a row created before the transaction
+/// began and updated in it is not one (nor is a row the transaction inserts with a
+/// `created_at` in the past).
+///
 /// Call it before the transaction commits or rolls back. It reads the rows whose inserting
 /// transaction is still in progress, and only the transaction's own such rows are visible to
 /// it. It fails the test when a row's `data` does not decode as `E`.
@@ -56,7 +60,9 @@ pub async fn emitted<E: OutboxEvent>(tx: &mut PgConnection) -> Vec<Emitted<E>> {
     // row's 32-bit distance from it. The transaction's rows (its savepoints' too) and those of
     // transactions that began after it are at a distance of 0 or more; of those, the ones
     // still in progress are the transaction's own, as no other transaction's uncommitted rows
-    // are visible. (`age(xmin)` would not do: it measures from a value fixed at the first call
+    // are visible. A row this transaction only updated has its xmin too, so rows created
+    // before the transaction began are left out (`now()` is its start; an emit's `created_at`
+    // is `clock_timestamp()`). (`age(xmin)` would not do: it measures from a value fixed at the first call
     // in the transaction, which may come before the transaction has an id.)
     let rows: Vec<(Uuid, String, DateTime<Utc>, serde_json::Value)> = sqlx::query_as(
         "with me as (select pg_current_xact_id()::text::int8 as top), \
@@ -64,10 +70,11 @@ pub async fn emitted<E: OutboxEvent>(tx: &mut PgConnection) -> Vec<Emitted<E>> {
                            (o.xmin::text::int8 - (me.top & 4294967295) + 4294967296) \
                              % 4294967296 as distance \
                       from outbox_events o, me \
-                     where o.event_type = $1 and o.published_at is null) \
+                     where o.event_type = $1 and o.published_at is null \
+                       and o.created_at >= now()) \
          select id, subject, time, data from o \
-          where distance < 2147483648 \
-            and pg_xact_status((top + distance)::text::xid8) = 'in progress' \
+          where case when distance < 2147483648 \
+                     then pg_xact_status((top + distance)::text::xid8) = 'in progress' end \
           order by created_at, id",
     )
     .bind(E::EVENT_TYPE)

@@ -11,12 +11,13 @@ use super::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::table::{OUTBOX_EVENTS, OUTBOX_RELAYS, OUTBOX_RETRIES, TRACE_CONTEXT_MIGRATION};
 
-/// The pool allows a connection per lane, one for `LISTEN` and one for the wake lock.
+/// The pool allows a connection per lane, one for the wake lock and one for the heartbeat and
+/// the gauges (the `LISTEN` connection is opened beside the pool).
 pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
     let connections = pool.options().get_max_connections() as usize;
     if connections < config.lanes + 2 {
         return Err(Error::Config(format!(
-            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane, one for LISTEN and one for the wake lock; RelayConfig::pool_size() gives {}): raise the pool's max_connections or lower RelayConfig::lanes",
+            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane, one for the wake lock and one for the heartbeat and the gauges; RelayConfig::pool_size() gives {}): raise the pool's max_connections or lower RelayConfig::lanes",
             config.lanes,
             config.lanes + 2,
             config.pool_size()

@@ -230,6 +230,11 @@ impl Relay {
         &self.config
     }
 
+    /// The pool the relay works on (the outbox table's database).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Whether this relay carries the trace context stored with each event: the outbox table
     /// has migration 0007's `traceparent` and `tracestate` columns (checked at start, which
     /// warns once when they are missing). See [`crate::trace`].

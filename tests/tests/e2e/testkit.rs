@@ -65,6 +65,14 @@ async fn emitted_reads_the_transactions_own_events_and_its_savepoints() {
         dropped.rollback().await.unwrap();
     }
     tx.emit(opened(6)).await.unwrap();
+    // an older row this transaction only updates is not one it emitted
+    sqlx::query(
+        "update outbox_events set attempts = attempts + 1 \
+          where event_type = 'accounts.account.opened' and (data->>'n')::int = 1",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     // another type is not read as this one
     let schemas = open_schemas(&[ctx.event_type("thing.made")]);
     tx.emit_raw(
@@ -131,6 +139,27 @@ async fn drain_publishes_everything_committed_and_names_an_event_it_could_not_pu
     assert_eq!(ctx.db.unpublished().await, 0);
     let again = drain(&relay).await;
     assert_eq!((again.batches, again.published), (1, 0));
+
+    // a row another transaction locks for a moment: drain waits for it instead of returning
+    let locked = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&published, "shop", "order-7").numbered(7),
+    )
+    .await;
+    let mut lock = ctx.pool().begin().await.unwrap();
+    sqlx::query("select 1 from outbox_events where id = $1 for update")
+        .bind(locked)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        lock.rollback().await.unwrap();
+    });
+    assert_eq!(drain(&relay).await.published, 1);
+    release.await.unwrap();
+    assert_eq!(ctx.db.unpublished().await, 0);
 
     // a type no stream captures is held, and drain says which event and why
     let stray = format!("{}x.order.placed", ctx.prefix);
