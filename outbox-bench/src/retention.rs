@@ -2,8 +2,9 @@
 //! it, as months of deletes and reuse leave them.
 //!
 //! The table holds `--rows=N` published rows (default 20,000,000; `--quick` 400,000), one in
-//! twenty published 9 to 10 days ago (past the default keep of 7 days) at random places, the
-//! others within the last 6 days; vacuumed and analyzed. Two parts:
+//! `--expired-every=K` (default 20) published 9 to 10 days ago (past the default keep of 7
+//! days) at random places, the others within the last 6 days; vacuumed and analyzed. Two
+//! parts:
 //!
 //! - **Pages per prune statement**, from `EXPLAIN (ANALYZE, BUFFERS)` (shared buffers hit and
 //!   read): the first statement and the n-th (after n - 1 committed ones; n = 100, or fewer on
@@ -34,10 +35,10 @@ const SUBJECTS: i64 = 1_000;
 const CHUNK: i64 = 1_000_000;
 
 /// The prune statement `prune_published` runs (keep 7 days, 1,000 rows).
-const PRUNE: &str = "delete from outbox_events where id in ( \
-    select id from outbox_events \
+const PRUNE: &str = "delete from outbox_events where ctid = any(array( \
+    select ctid from outbox_events \
      where published_at is not null and published_at < now() - interval '7 days' \
-     order by published_at limit 1000 for update skip locked)";
+     order by published_at limit 1000 for update skip locked))";
 /// The statement before migration 0009: no order, so no index to follow.
 const PRUNE_UNINDEXED: &str = "delete from outbox_events where id in ( \
     select id from outbox_events \
@@ -53,16 +54,17 @@ pub fn run() {
 async fn bench(quick: bool) {
     let rows =
         common::option("rows").map_or(if quick { 400_000 } else { 20_000_000 }, |r| r as i64);
+    let every = common::option("expired-every").map_or(20, |e| e.max(1) as i64);
     let backlog: i64 = if quick { 5_000 } else { 50_000 };
-    let rounds = if quick { 1 } else { 3 };
+    let rounds = common::option("rounds").map_or(if quick { 1 } else { 3 }, |r| r.max(1));
     let db = common::database().await;
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
-        "{rows} published rows, 1 in 20 expired (keep 7 days) at random places; backlog {backlog} events, {rounds} rounds, 1 relay"
+        "{rows} published rows, 1 in {every} expired (keep 7 days) at random places; backlog {backlog} events, {rounds} rounds, 1 relay"
     );
     let filled = Instant::now();
-    fill_history(&db.pool, &stream.prefix, rows).await;
+    fill_history(&db.pool, &stream.prefix, rows, every).await;
     common::vacuum(&db).await;
     let sizes: (String, String, String) = sqlx::query_as(
         "select pg_size_pretty(pg_relation_size('outbox_events')), \
@@ -86,8 +88,8 @@ async fn bench(quick: bool) {
             .await
             .expect("the newest history id");
 
-    // the n-th statement meets as many expired rows as the first (a twentieth of the rows are)
-    let nth = (rows / 20 / 2_000).clamp(2, 100);
+    // the n-th statement meets as many expired rows as the first
+    let nth = (rows / every / 2_000).clamp(2, 100);
     pages(&db.pool, nth).await;
 
     let (mut without, mut with) = (Vec::new(), Vec::new());
@@ -162,10 +164,10 @@ async fn bench(quick: bool) {
 }
 
 /// Inserts `rows` published rows in statements of [`CHUNK`]: ids and `created_at` ordered by
-/// time 10 days ago, `published_at` 9 to 10 days ago for one row in twenty at random, else
+/// time 10 days ago, `published_at` 9 to 10 days ago for one row in `every` at random, else
 /// within the last 6 days. The table is filled at fillfactor 100 (as marks and vacuums leave
 /// its pages), then set back to migration 0004's 50.
-async fn fill_history(pool: &PgPool, prefix: &str, rows: i64) {
+async fn fill_history(pool: &PgPool, prefix: &str, rows: i64, every: i64) {
     sqlx::query("alter table outbox_events set (fillfactor = 100)")
         .execute(pool)
         .await
@@ -177,7 +179,7 @@ async fn fill_history(pool: &PgPool, prefix: &str, rows: i64) {
                  || substr(md5(i::text || random()::text), 1, 18))::uuid,
                 $1 || '.order.placed', 'bench', md5('order' || s)::uuid::text, now(),
                 {PAYLOAD_SQL}, {created},
-                case when random() < 0.05 then now() - interval '9 days' - random() * interval '1 day'
+                case when random() < 1.0 / $5 then now() - interval '9 days' - random() * interval '1 day'
                      else now() - random() * interval '6 days' end
            from generate_series($2::int8, $3::int8) as g(i), lateral (select i % $4 as s) as x"
     );
@@ -190,6 +192,7 @@ async fn fill_history(pool: &PgPool, prefix: &str, rows: i64) {
             .bind(from)
             .bind(to)
             .bind(SUBJECTS)
+            .bind(every as f64)
             .execute(pool)
             .await
             .expect("fill the history");

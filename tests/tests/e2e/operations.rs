@@ -168,10 +168,10 @@ async fn prune_statement_pages(pool: &sqlx::PgPool) -> (i64, bool) {
     let mut tx = pool.begin().await.unwrap();
     let plan: serde_json::Value = sqlx::query_scalar(
         "explain (analyze, buffers, format json) \
-         delete from outbox_events where id in ( \
-           select id from outbox_events \
+         delete from outbox_events where ctid = any(array( \
+           select ctid from outbox_events \
             where published_at is not null and published_at < now() - interval '7 days' \
-            order by published_at limit 1000 for update skip locked)",
+            order by published_at limit 1000 for update skip locked))",
     )
     .fetch_one(&mut *tx)
     .await
