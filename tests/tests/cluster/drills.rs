@@ -171,8 +171,14 @@ impl Drill {
             &[("event_type", &self.event_type)],
             "reason",
         );
+        // this metric has no event type: the drills running beside this one count in it too
+        let not_attempted_reasons = outbox_tests::recorded::counter_by(
+            outbox_runtime::metrics::NOT_ATTEMPTED,
+            &[],
+            "reason",
+        );
         eprintln!(
-            "{fault}: {} messages ({duplicates} duplicates), drained {drained:?} after the fault, {not_attempted} publishes not attempted, {with_attempts} rows with attempts (max {max_attempts}); failures by reason: {reasons:?}",
+            "{fault}: {} messages ({duplicates} duplicates), drained {drained:?} after the fault, {not_attempted} publishes not attempted, {with_attempts} rows with attempts (max {max_attempts}); failures by reason: {reasons:?}; not attempted by reason (every drill of this process): {not_attempted_reasons:?}",
             messages.len()
         );
         // an attempt spent is one of the failures that spend one, and each is in the metric
