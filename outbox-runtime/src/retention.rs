@@ -181,10 +181,11 @@ pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u
     let mut total = 0;
     loop {
         let n = sqlx::query(
-            "delete from outbox_consumed where (consumer, event_id) in ( \
-               select consumer, event_id from outbox_consumed \
+            // by the locked rows' ctids, as for outbox_events (dedupe rows are never updated)
+            "delete from outbox_consumed where ctid = any(array( \
+               select ctid from outbox_consumed \
                 where consumed_at < $1 \
-                order by consumed_at limit $2 for update skip locked)",
+                order by consumed_at limit $2 for update skip locked))",
         )
         .bind(cutoff)
         .bind(batch)

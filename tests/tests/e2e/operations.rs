@@ -301,3 +301,34 @@ async fn migrate_builds_again_a_published_index_a_failed_concurrent_build_left_i
         );
     }
 }
+
+#[tokio::test]
+async fn dedupe_pruning_deletes_only_the_rows_past_the_keep_in_batches() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    // 2,500 old dedupe rows and 500 kept ones, interleaved
+    sqlx::query(
+        "insert into outbox_consumed (consumer, event_id, consumed_at) \
+         select 'c' || i % 3, gen_random_uuid(), \
+                case when i % 6 = 0 then now() - interval '1 day' else now() - interval '20 days' end \
+           from generate_series(1, 3000) as g(i)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let keep = Duration::from_secs(14 * 24 * 3600);
+    // batches of 1,000: three statements, the last short
+    assert_eq!(
+        retention::prune_dedupe(pool, keep, 1000).await.unwrap(),
+        2500
+    );
+    let (left, old): (i64, i64) = sqlx::query_as(
+        "select count(*), count(*) filter (where consumed_at < now() - interval '14 days') \
+           from outbox_consumed",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((left, old), (500, 0));
+    assert_eq!(retention::prune_dedupe(pool, keep, 1000).await.unwrap(), 0);
+}
