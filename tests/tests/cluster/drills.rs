@@ -43,6 +43,12 @@ struct Drill {
 impl Drill {
     async fn start() -> Drill {
         outbox_tests::recorded::install();
+        // the relays' warnings (with the first error of a failed batch) go to the test's
+        // output, shown on a failure or with --nocapture
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_test_writer()
+            .try_init();
         let cluster = NatsCluster::spawn(3).await;
         let client = cluster.connect().await;
         let js = async_nats::jetstream::new(client.clone());
