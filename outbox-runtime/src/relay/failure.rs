@@ -27,7 +27,14 @@ pub(super) enum Failure {
     /// A server older than 2.11 acknowledged it as a duplicate of a message the stream does
     /// not hold (the id outlived a message lost in a leader change).
     UnverifiedDuplicate,
+    /// The stream is storing a message of the same id right now (JetStream error 10158, "duplicate
+    /// message id is in process"): an earlier send of this row, whose ack was lost to a leader
+    /// change, is still going through. The next send gets its ack, or a duplicate's.
+    InProcess,
 }
+
+/// JetStream's "duplicate message id is in process" (409).
+pub(super) const DUPLICATE_IN_PROCESS: ErrorCode = ErrorCode(10158);
 
 impl Failure {
     /// A short name for the cause, for the `reason` label of the failure metrics and for log
@@ -49,6 +56,7 @@ impl Failure {
             Failure::LeaderChange => "leader_change",
             Failure::Reconnected => "reconnected",
             Failure::UnverifiedDuplicate => "unverified_duplicate",
+            Failure::InProcess => "in_process",
         }
     }
 }
@@ -73,6 +81,9 @@ impl fmt::Display for Failure {
             ),
             Failure::UnverifiedDuplicate => f.write_str(
                 "the server (older than 2.11) acknowledged a duplicate whose message the stream does not hold; it is sent again until the stream's duplicate window forgets its id",
+            ),
+            Failure::InProcess => f.write_str(
+                "the stream is storing a message of the same id right now (an earlier send whose ack was lost to a leader change)",
             ),
         }
     }

@@ -19,7 +19,7 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::config::RelayConfig;
 pub(super) use super::failure::Failure;
-use super::failure::{before_2_11, jetstream_code};
+use super::failure::{before_2_11, jetstream_code, DUPLICATE_IN_PROCESS};
 use super::held::{check, fits, no_stream};
 pub(super) use super::held::{Hold, HoldCause};
 use super::message::message;
@@ -303,9 +303,10 @@ impl<'a> Run<'a> {
                 return Next::NotAttempted(failure)
             }
             Failure::Deadline | Failure::LeaderChange => return self.timed_out(event_type).await,
-            Failure::Election | Failure::Reconnected | Failure::UnverifiedDuplicate => {
-                return Next::NotAttempted(failure)
-            }
+            Failure::Election
+            | Failure::Reconnected
+            | Failure::UnverifiedDuplicate
+            | Failure::InProcess => return Next::NotAttempted(failure),
             Failure::Publish(e) => match e.kind() {
                 Kind::MaxPayloadExceeded => {
                     let reason =
@@ -317,6 +318,8 @@ impl<'a> Run<'a> {
                 Kind::StreamNotFound => true,
                 Kind::Other => match jetstream_code(e) {
                     Some(ErrorCode::CLUSTER_NOT_AVAILABLE) => true,
+                    // an earlier send of this row is being stored: costs no attempt
+                    Some(DUPLICATE_IN_PROCESS) => return Next::NotAttempted(Failure::InProcess),
                     Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
                         let reason = format!("the stream refuses it: {failure}");
                         return Next::Held(Hold::new(HoldCause::Refused, reason));
