@@ -31,6 +31,14 @@ async fn database() -> TestDb {
     db
 }
 
+/// Rows in `outbox_events`, published or not.
+async fn outbox_rows(db: &TestDb) -> i64 {
+    sqlx::query_scalar("select count(*) from outbox_events")
+        .fetch_one(&db.pool)
+        .await
+        .expect("count")
+}
+
 #[tokio::test]
 async fn opening_a_subscription_emits_its_created_event_in_the_same_transaction() {
     let db = database().await;
@@ -48,11 +56,7 @@ async fn opening_a_subscription_emits_its_created_event_in_the_same_transaction(
 
     // rolled back, the row and its event are gone together
     tx.rollback().await.expect("rollback");
-    let rows: i64 = sqlx::query_scalar("select count(*) from outbox_events")
-        .fetch_one(&db.pool)
-        .await
-        .expect("count");
-    assert_eq!(rows, 0);
+    assert_eq!(outbox_rows(&db).await, 0);
 }
 
 #[tokio::test]
@@ -70,11 +74,7 @@ async fn a_subscription_past_the_seat_limit_is_refused_before_anything_commits()
     // drops it, and nothing of the request is ever published
     assert_eq!(emitted::<SubscriptionCreated>(&mut tx).await.len(), 2);
     drop(tx);
-    let rows: i64 = sqlx::query_scalar("select count(*) from outbox_events")
-        .fetch_one(&db.pool)
-        .await
-        .expect("count");
-    assert_eq!(rows, 0);
+    assert_eq!(outbox_rows(&db).await, 0);
 }
 
 #[tokio::test]
