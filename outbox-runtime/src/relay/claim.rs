@@ -44,6 +44,9 @@ pub struct Claim<'r> {
     cut: Vec<String>,
     /// Seconds until the earliest retry is due, on the database's clock.
     next_retry: Option<f64>,
+    /// Whether the claim may have read rows after the floor it had to pass (parked or paused
+    /// subjects): unless it did, a look ahead of the floor has nothing to skip.
+    passed: bool,
     /// The floor to move back when a parked head is published, for claims made through
     /// [`Relay::claim`] (a lane applies its batch's effects itself).
     shared_floor: Option<&'r tokio::sync::Mutex<Floor>>,
@@ -70,6 +73,8 @@ enum Which {
 /// What the batch learns first ([`SETTINGS`](sql::SETTINGS)).
 struct Start {
     parked: bool,
+    /// A parked subject's retry is due now.
+    due: bool,
     next_retry: Option<f64>,
     xmin: u64,
     xmax: u64,
@@ -114,15 +119,17 @@ impl<'r> Claim<'r> {
                 paused,
                 cut: Vec::new(),
                 next_retry: start.next_retry,
+                passed: false,
                 shared_floor,
             };
-            if start.parked {
+            if start.due {
                 claim.rows = claim
                     .fetch(Which::Due, relay.config.batch_size, None)
                     .await?;
                 claim.due = claim.rows.len();
             }
             claim.claim_rows().await?;
+            floor.passed(claim.passed);
             claim.report.claimed = claim.rows.len() + claim.report.skipped;
             tracing::Span::current().record("claimed", claim.report.claimed);
             Ok(claim)
@@ -171,10 +178,13 @@ impl<'r> Claim<'r> {
     async fn claim_rows(&mut self) -> Result<()> {
         let limit = self.relay.config.batch_size - self.due;
         if limit == 0 {
+            self.passed = true; // nothing read: nothing known
             return Ok(());
         }
         let mut rows = self.fetch(Which::Main, limit, None).await?;
         let full = rows.len() == limit;
+        // a claim that is not full read its range to the end: what it passed is not counted
+        self.passed = !full;
         let last = rows.last().map(|r| r.position);
         let mut cut = self.cut_holes(&mut rows).await?;
         if full && !cut.is_empty() {
@@ -207,9 +217,9 @@ impl<'r> Claim<'r> {
             return Ok(Vec::new());
         };
         let lane = self.lane;
-        let in_range: i64 = timed(
+        let (in_range, unpublished): (i64, i64) = timed(
             OUTBOX_EVENTS,
-            sqlx::query_scalar(sql::UNCLAIMED)
+            sqlx::query_as(sql::UNCLAIMED)
                 .bind(self.relay.config.partitions)
                 .bind(lane.count)
                 .bind(lane.index)
@@ -218,9 +228,11 @@ impl<'r> Claim<'r> {
                 .bind(last.at_text())
                 .bind(last.id)
                 .bind(&self.paused)
+                .bind(rows.len() as i64)
                 .fetch_one(self.tx.conn()),
         )
         .await?;
+        self.passed |= unpublished > in_range;
         if in_range == rows.len() as i64 {
             return Ok(Vec::new());
         }
@@ -422,6 +434,7 @@ async fn settings(tx: &mut Tx, relay: &Relay) -> Result<Start> {
     let xid = |s: String| s.parse::<u64>().unwrap_or(0);
     Ok(Start {
         parked: row.try_get("parked").map_err(get)?,
+        due: row.try_get("due").map_err(get)?,
         next_retry: row.try_get("next_retry").map_err(get)?,
         xmin: xid(row.try_get("xmin").map_err(get)?),
         xmax: xid(row.try_get("xmax").map_err(get)?),

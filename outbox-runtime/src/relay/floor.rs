@@ -28,6 +28,9 @@ pub(super) struct Floor {
     at: Position,
     pending: Option<Pending>,
     last_advance: Option<Instant>,
+    /// Whether the lane's last claim read rows after the floor that it had to pass: only then
+    /// can a look ahead move the floor over something.
+    passed: bool,
     /// A row inserted with an old `created_at` (the column's default `now()` in a long
     /// transaction) can appear below the floor: the lane looks there this often.
     check_every: Duration,
@@ -41,6 +44,7 @@ impl Floor {
             at: Position::START,
             pending: None,
             last_advance: None,
+            passed: true,
             check_every,
             next_check: Instant::now() + check_every,
         }
@@ -62,11 +66,18 @@ impl Floor {
         }
     }
 
-    /// Whether the batch should look ahead of the floor: subjects are parked, no candidate is
-    /// waiting, and the last look is not too recent.
+    /// Whether the batch should look ahead of the floor: subjects are parked, the last claim
+    /// passed rows after the floor ([`passed`](Self::passed)), no candidate is waiting, and the
+    /// last look is not too recent.
     pub(super) fn wants_advance(&self, now: Instant, parked: bool) -> bool {
         let due = self.last_advance.is_none_or(|t| now >= t + ADVANCE_EVERY);
-        parked && self.pending.is_none() && due
+        parked && self.passed && self.pending.is_none() && due
+    }
+
+    /// What the batch's claim read: whether it passed rows after the floor (a claim that
+    /// returned fewer rows than it asked for counts as having passed some).
+    pub(super) fn passed(&mut self, passed: bool) {
+        self.passed = passed;
     }
 
     /// What a look ahead found: where the floor may move (before the lane's first claimable
@@ -83,6 +94,7 @@ impl Floor {
     pub(super) fn pull_back(&mut self, to: Position) {
         self.at = self.at.min(to.before());
         self.pending = None;
+        self.passed = true;
     }
 
     /// Whether the batch should look below the floor for a row that appeared there (it is
@@ -101,6 +113,7 @@ impl Floor {
         self.at = Position::START;
         self.pending = None;
         self.last_advance = None;
+        self.passed = true;
     }
 }
 
@@ -152,6 +165,28 @@ mod tests {
         assert_eq!(f.position(), at(2, 2));
         assert!(!f.wants_advance(now, true), "not twice within the interval");
         assert!(f.wants_advance(now + ADVANCE_EVERY, true));
+    }
+
+    #[test]
+    fn the_floor_looks_ahead_only_after_a_claim_that_passed_rows() {
+        let mut f = floor();
+        let now = Instant::now();
+        f.passed(false);
+        assert!(
+            !f.wants_advance(now, true),
+            "a full claim that read only what it took: nothing to skip"
+        );
+        f.passed(true);
+        assert!(f.wants_advance(now, true));
+        f.passed(false);
+        f.pull_back(at(1, 1));
+        assert!(
+            f.wants_advance(now, true),
+            "a released head: the rows behind it may be parked again"
+        );
+        f.passed(false);
+        f.reset();
+        assert!(f.wants_advance(now, true), "back at the start");
     }
 
     #[test]

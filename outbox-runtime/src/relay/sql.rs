@@ -38,7 +38,7 @@ macro_rules! after_floor {
 }
 
 /// The batch transaction's own settings and what the batch needs to know first: whether any
-/// subject is parked, when the next retry comes due (seconds from now, on the database's
+/// subject is parked, whether a retry is due now, when the next one comes due (seconds from now, on the database's
 /// clock), and the snapshot's bounds (for the floor). `$1`: statement and lock timeout,
 /// `$2`: idle-in-transaction timeout, both in milliseconds.
 pub(super) const SETTINGS: &str = "\
@@ -50,6 +50,7 @@ select set_config('synchronous_commit', 'off', true),
        set_config('lock_timeout', $1, true),
        set_config('idle_in_transaction_session_timeout', $2, true),
        exists (select 1 from outbox_retries) as parked,
+       exists (select 1 from outbox_retries where retry_at <= now()) as due,
        extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry,
        pg_snapshot_xmin(pg_current_snapshot())::text as xmin,
        pg_snapshot_xmax(pg_current_snapshot())::text as xmax";
@@ -128,22 +129,37 @@ pub(super) const CLAIM: &str = claim!();
 /// [`CLAIM`] with the trace context columns.
 pub(super) const CLAIM_TRACED: &str = claim!(traced);
 
-/// [`CLAIM`]'s rows from the floor (`$4`, `$5`) to the claim's last (`$6`, `$7`), without its
-/// locks: when their number is the claim's, no claimed subject can have a hole, and
-/// [`GAPS`] need not run. `$1`-`$3`: the lane; `$8`: paused subjects.
+/// The lane's unpublished rows from the floor (`$4`, `$5`) to the claim's last (`$6`, `$7`),
+/// second; first, those of them [`CLAIM`] could take (without its locks), read only when the
+/// second is not the claim's size (`$9`: the claim holds them all, and all are claimable).
+/// When the first is the claim's size, no claimed subject can have a hole and [`GAPS`] need
+/// not run; when the second is more than the first, the claim read rows it had to pass (parked
+/// or paused), which a look ahead of the floor may skip. `$1`-`$3`: the lane; `$8`: paused
+/// subjects.
 pub(super) const UNCLAIMED: &str = concat!(
-    "select count(*)",
-    "  from outbox_events o",
-    " where o.published_at is null",
-    "   and ",
+    "select case when u.n = $9 then u.n else (",
+    "         select count(*) from outbox_events o",
+    "          where o.published_at is null",
+    "            and ",
     after_floor!("$4", "$5"),
-    "   and o.created_at <= $6::timestamptz and (o.created_at, o.id) <= ($6::timestamptz, $7)",
-    "   and ",
+    "            and o.created_at <= $6::timestamptz",
+    "            and (o.created_at, o.id) <= ($6::timestamptz, $7)",
+    "            and ",
     partition!("$1"),
     " % $2 = $3",
-    "   and not ",
+    "            and not ",
     parked!(),
-    "   and o.subject not in (select unnest($8::text[]))"
+    "            and o.subject not in (select unnest($8::text[]))) end,",
+    "       u.n",
+    "  from (select count(*) as n from outbox_events o",
+    "         where o.published_at is null",
+    "           and ",
+    after_floor!("$4", "$5"),
+    "           and o.created_at <= $6::timestamptz",
+    "           and (o.created_at, o.id) <= ($6::timestamptz, $7)",
+    "           and ",
+    partition!("$1"),
+    " % $2 = $3) as u"
 );
 
 /// Per claimed subject (`$1`, with its last claimed position in `$2`, `$3`), its first
