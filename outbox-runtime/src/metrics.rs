@@ -24,10 +24,14 @@ pub const DUPLICATES: &str = "outbox_publish_duplicates_total";
 /// `refused` (the stream's own limits), `invalid_event_type`, `unreadable` (a column the relay
 /// cannot read). Each holds its subject until an operator releases it. Alert on any.
 pub const HELD: &str = "outbox_events_held_total";
-/// Counter: rows a batch did not attempt because the broker could not take them (`reason`:
-/// `not_connected`, `election` for "no responders" or "JetStream temporarily unavailable"
-/// while a stream captures the type, `deadline` or `timeout` while the connection was down).
-/// No attempt is counted on the row; it goes again shortly.
+/// Counter: rows a batch did not attempt because the broker could not take them, labelled
+/// `event_type` and `reason`: `not_connected`; `election` for "no responders" or "JetStream
+/// temporarily unavailable" while a stream captures the type; `leader_change` for no ack while
+/// the stream changed leader; `reconnected` for no ack across a reconnect; `in_process` for
+/// "duplicate message id is in process"; `unverified_duplicate` for a duplicate ack from a
+/// server older than 2.11 for a message the stream does not hold; `deadline`, `timeout` or an
+/// error kind while the connection was down; `max_ack_pending`. No attempt is counted on the
+/// row; it goes again shortly.
 pub const NOT_ATTEMPTED: &str = "outbox_publish_not_attempted_total";
 /// Counter: batches whose every claimed row waited behind an older row of its subject that
 /// another transaction held (a lock taken outside the relay, typically). Those subjects pause.

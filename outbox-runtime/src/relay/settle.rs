@@ -217,8 +217,15 @@ pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &Ba
         tracing::error!(id = %row.id, subject = %crate::naming::shorten(&row.subject), cause = hold.cause.label(), reason = %hold.reason,
             "outbox event held: it cannot be published as it is; the later events of its subject wait behind it until an operator releases it (`outbox unblock`)");
     }
-    for (_, failure) in &settled.not_attempted {
-        metrics::counter!(names::NOT_ATTEMPTED, "reason" => failure.reason()).increment(1);
+    let mut not_attempted: HashMap<(String, &'static str), u64> = HashMap::new();
+    for (i, failure) in &settled.not_attempted {
+        *not_attempted
+            .entry((type_of(*i), failure.reason()))
+            .or_default() += 1;
+    }
+    for ((event_type, reason), n) in not_attempted {
+        metrics::counter!(names::NOT_ATTEMPTED, "event_type" => event_type, "reason" => reason)
+            .increment(n);
     }
     if report.duplicates > 0 {
         metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
