@@ -129,6 +129,22 @@ pub(super) const CLAIM: &str = claim!();
 /// [`CLAIM`] with the trace context columns.
 pub(super) const CLAIM_TRACED: &str = claim!(traced);
 
+/// [`UNCLAIMED`]'s range: the lane's (`$1`-`$3`) unpublished rows from the floor (`$4`,
+/// `$5`) to the claim's last (`$6`, `$7`).
+macro_rules! in_claim_range {
+    () => {
+        concat!(
+            "o.published_at is null and ",
+            after_floor!("$4", "$5"),
+            " and o.created_at <= $6::timestamptz",
+            " and (o.created_at, o.id) <= ($6::timestamptz, $7)",
+            " and ",
+            partition!("$1"),
+            " % $2 = $3"
+        )
+    };
+}
+
 /// The lane's unpublished rows from the floor (`$4`, `$5`) to the claim's last (`$6`, `$7`),
 /// second; first, those of them [`CLAIM`] could take (without its locks), read only when the
 /// second is not the claim's size (`$9`: the claim holds them all, and all are claimable).
@@ -138,28 +154,15 @@ pub(super) const CLAIM_TRACED: &str = claim!(traced);
 /// subjects.
 pub(super) const UNCLAIMED: &str = concat!(
     "select case when u.n = $9 then u.n else (",
-    "         select count(*) from outbox_events o",
-    "          where o.published_at is null",
-    "            and ",
-    after_floor!("$4", "$5"),
-    "            and o.created_at <= $6::timestamptz",
-    "            and (o.created_at, o.id) <= ($6::timestamptz, $7)",
-    "            and ",
-    partition!("$1"),
-    " % $2 = $3",
+    "         select count(*) from outbox_events o where ",
+    in_claim_range!(),
     "            and not ",
     parked!(),
     "            and o.subject not in (select unnest($8::text[]))) end,",
     "       u.n",
-    "  from (select count(*) as n from outbox_events o",
-    "         where o.published_at is null",
-    "           and ",
-    after_floor!("$4", "$5"),
-    "           and o.created_at <= $6::timestamptz",
-    "           and (o.created_at, o.id) <= ($6::timestamptz, $7)",
-    "           and ",
-    partition!("$1"),
-    " % $2 = $3) as u"
+    "  from (select count(*) as n from outbox_events o where ",
+    in_claim_range!(),
+    ") as u"
 );
 
 /// Per claimed subject (`$1`, with its last claimed position in `$2`, `$3`), its first
