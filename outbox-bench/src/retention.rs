@@ -19,13 +19,17 @@
 //!   subjects) on that table; in the *with* runs retention deletes expired rows meanwhile as
 //!   it does in a steady state, as many per second as the relay publishes (the rate of the run
 //!   without it just before): the prune statement (keep 7 days, 1,000 rows) at that pace, on
-//!   its own pool. Runs alternate; figures are medians. Last line:
-//!   `relay_with_retention_ratio=<median rate with / median rate without>`.
+//!   its own pool. Two statements take turns: the runtime's (no row lock before the delete)
+//!   and the one it falls back to when a row is held (rows locked with `skip locked` first).
+//!   Runs alternate (without, with, with the locking one); figures are medians. Last lines:
+//!   `relay_with_retention_ratio=<median rate with / median rate without>` and
+//!   `relay_with_locking_retention_ratio=`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outbox_runtime::retention;
 use sqlx::PgPool;
 
 use crate::common::{self, BenchStream, PAYLOAD_SQL};
@@ -34,11 +38,12 @@ const SUBJECTS: i64 = 1_000;
 /// Rows per insert statement while filling the table.
 const CHUNK: i64 = 1_000_000;
 
-/// The prune statement `prune_published` runs (keep 7 days, 1,000 rows).
-const PRUNE: &str = "delete from outbox_events where ctid = any(array( \
-    select ctid from outbox_events \
-     where published_at is not null and published_at < now() - interval '7 days' \
-     order by published_at limit 1000 for update skip locked))";
+/// A prune statement of the runtime with its parameters written in: keep 7 days, 1,000 rows.
+fn literal(statement: &str) -> String {
+    statement
+        .replace("$1::interval", "interval '7 days'")
+        .replace("$2", "1000")
+}
 /// The statement before migration 0009: no order, so no index to follow.
 const PRUNE_UNINDEXED: &str = "delete from outbox_events where id in ( \
     select id from outbox_events \
@@ -92,9 +97,16 @@ async fn bench(quick: bool) {
     let nth = (rows / every / 2_000).clamp(2, 100);
     pages(&db.pool, nth).await;
 
-    let (mut without, mut with) = (Vec::new(), Vec::new());
+    // rounds alternate: no pruning, the runtime's statement, the statement before it (rows
+    // locked with `skip locked` first, as it still runs when a row is held)
+    let statements = [
+        None,
+        Some(literal(retention::PRUNE_PUBLISHED)),
+        Some(literal(retention::PRUNE_PUBLISHED_SKIP_LOCKED)),
+    ];
+    let mut rates: [Vec<f64>; 3] = Default::default();
     for round in 1..=rounds {
-        for pruning in [false, true] {
+        for (kind, statement) in statements.iter().enumerate() {
             stream.purge().await;
             common::fill_backlog(&db.pool, &stream.prefix, backlog, SUBJECTS).await;
             sqlx::query("analyze outbox_events")
@@ -104,12 +116,12 @@ async fn bench(quick: bool) {
             let stop = Arc::new(AtomicBool::new(false));
             // steady state: retention deletes expired rows as fast as the relay publishes
             // (the rate of the run without it just before), one 1,000-row statement at a time
-            let pace = without
+            let pace = rates[0]
                 .last()
                 .map_or(Duration::from_millis(40), |rate: &f64| {
                     Duration::from_secs_f64(1_000.0 / rate.max(1.0))
                 });
-            let pruner = pruning.then(|| {
+            let pruner = statement.clone().map(|statement| {
                 let stop = stop.clone();
                 let options = db.options.clone();
                 tokio::spawn(async move {
@@ -122,7 +134,7 @@ async fn bench(quick: bool) {
                     let mut pruned = 0;
                     while !stop.load(Ordering::Relaxed) {
                         tick.tick().await;
-                        pruned += sqlx::query(PRUNE)
+                        pruned += sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
                             .execute(&pool)
                             .await
                             .expect("prune")
@@ -138,10 +150,8 @@ async fn bench(quick: bool) {
                 println!(
                     "  retention: {pruned} expired rows deleted while the relay drained (a statement of 1,000 every {pace:?})"
                 );
-                with.push(rate);
-            } else {
-                without.push(rate);
             }
+            rates[kind].push(rate);
             // the backlog goes, so every run meets the same table
             sqlx::query("delete from outbox_events where id > $1")
                 .bind(history_end)
@@ -150,17 +160,20 @@ async fn bench(quick: bool) {
                 .expect("delete the backlog");
         }
         println!(
-            "round {round}: without retention {:.0} events/s, with retention {:.0} events/s",
-            without[without.len() - 1],
-            with[with.len() - 1]
+            "round {round}: without retention {:.0} events/s, with retention {:.0} events/s, with the locking prune {:.0} events/s",
+            rates[0][rates[0].len() - 1],
+            rates[1][rates[1].len() - 1],
+            rates[2][rates[2].len() - 1]
         );
     }
-    let (without, with) = (common::median(&mut without), common::median(&mut with));
+    let [without, with, locked] = rates.map(|mut r| common::median(&mut r));
     stream.delete().await;
     drop(db);
     println!("relay_without_retention_events_per_s={without:.0}");
     println!("relay_with_retention_events_per_s={with:.0}");
+    println!("relay_with_locking_retention_events_per_s={locked:.0}");
     println!("relay_with_retention_ratio={:.3}", with / without);
+    println!("relay_with_locking_retention_ratio={:.3}", locked / without);
 }
 
 /// Inserts `rows` published rows in statements of [`CHUNK`]: ids and `created_at` ordered by
@@ -231,11 +244,15 @@ async fn explain_only(pool: &PgPool, statement: &str) -> (i64, f64) {
 
 /// The pages of the first and the `nth` prune statement, with and without the index.
 async fn pages(pool: &PgPool, nth: i64) {
-    let (first, first_ms) = explain_only(pool, PRUNE).await;
+    let prune = literal(retention::PRUNE_PUBLISHED);
+    let (first, first_ms) = explain_only(pool, &prune).await;
     for _ in 1..nth {
-        sqlx::query(PRUNE).execute(pool).await.expect("prune");
+        sqlx::query(sqlx::AssertSqlSafe(prune.clone()))
+            .execute(pool)
+            .await
+            .expect("prune");
     }
-    let (hundredth, hundredth_ms) = explain_only(pool, PRUNE).await;
+    let (hundredth, hundredth_ms) = explain_only(pool, &prune).await;
     println!(
         "prune statement through the published index: first {first} pages ({first_ms:.1} ms), statement {nth}: {hundredth} pages ({hundredth_ms:.1} ms)"
     );

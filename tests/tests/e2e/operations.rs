@@ -163,19 +163,19 @@ async fn a_prune_batch_below_one_is_refused_before_any_statement() {
 
 /// The pages one prune statement reads (shared buffers hit and read, from `EXPLAIN (ANALYZE,
 /// BUFFERS)`), and whether its plan reads `outbox_events_published_idx`. The statement is
-/// `prune_published`'s, rolled back.
+/// `prune_published`'s (keep 7 days, 1,000 rows), rolled back.
 async fn prune_statement_pages(pool: &sqlx::PgPool) -> (i64, bool) {
     let mut tx = pool.begin().await.unwrap();
-    let plan: serde_json::Value = sqlx::query_scalar(
-        "explain (analyze, buffers, format json) \
-         delete from outbox_events where ctid = any(array( \
-           select ctid from outbox_events \
-            where published_at is not null and published_at < now() - interval '7 days' \
-            order by published_at limit 1000 for update skip locked))",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .unwrap();
+    let explain = format!(
+        "explain (analyze, buffers, format json) {}",
+        retention::PRUNE_PUBLISHED
+    );
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .bind("7 days")
+        .bind(1000_i64)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
     tx.rollback().await.unwrap();
     let top = &plan[0]["Plan"];
     let pages =
@@ -331,4 +331,118 @@ async fn dedupe_pruning_deletes_only_the_rows_past_the_keep_in_batches() {
     .unwrap();
     assert_eq!((left, old), (500, 0));
     assert_eq!(retention::prune_dedupe(pool, keep, 1000).await.unwrap(), 0);
+}
+
+/// Inserts `n` published rows of subject `ops-<i>`, published 9 days ago (outside a 7-day keep).
+async fn insert_expired(pool: &sqlx::PgPool, n: i64) {
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at) \
+         select gen_random_uuid(), 'ops.row.changed', 'ops', 'ops-' || i, now(), '{}', \
+                now() - interval '10 days', now() - interval '9 days' - i * interval '1 second' \
+           from generate_series(1, $1) as g(i)",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Whether a backend of this test's database waits for a lock `holder` (a backend pid) holds.
+async fn waits_for(pool: &sqlx::PgPool, holder: i32) -> bool {
+    sqlx::query_scalar(
+        "select exists (select 1 from pg_stat_activity \
+                         where datname = current_database() and $1 = any(pg_blocking_pids(pid)))",
+    )
+    .bind(holder)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_row_set_unpublished_while_the_prune_deletes_it_is_kept() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool().clone();
+    insert_expired(&pool, 100).await;
+    let republished: Uuid =
+        sqlx::query_scalar("select id from outbox_events where subject = 'ops-50'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // `outbox verify --republish` sets the row unpublished; its transaction is still open
+    // when the prune's delete reaches the row, so the delete waits for it
+    let mut republish = pool.begin().await.unwrap();
+    let holder: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&mut *republish)
+        .await
+        .unwrap();
+    sqlx::query("update outbox_events set published_at = null where id = $1")
+        .bind(republished)
+        .execute(&mut *republish)
+        .await
+        .unwrap();
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let prune = tokio::spawn({
+        let pool = pool.clone();
+        async move { retention::prune_published(&pool, week, 1000).await }
+    });
+    eventually(
+        Duration::from_secs(5),
+        "the prune waits for the republishing transaction",
+        || waits_for(&pool, holder),
+    )
+    .await;
+    // commit well inside the prune's lock wait: the delete goes on with the new row version
+    republish.commit().await.unwrap();
+    let pruned = prune.await.unwrap().expect("prune");
+    assert_eq!(pruned, 99, "every expired row but the republished one");
+    let left: Vec<(Uuid, Option<chrono::DateTime<chrono::Utc>>)> =
+        sqlx::query_as("select id, published_at from outbox_events")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        left,
+        vec![(republished, None)],
+        "the republished row waits for the relay"
+    );
+}
+
+#[tokio::test]
+async fn a_published_row_locked_elsewhere_is_skipped_after_a_second_and_the_rest_pruned() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    insert_expired(pool, 2_500).await;
+    // an operator's open `select … for update` on one expired row
+    let mut operator = pool.begin().await.unwrap();
+    let held: Uuid =
+        sqlx::query_scalar("select id from outbox_events where subject = 'ops-1200' for update")
+            .fetch_one(&mut *operator)
+            .await
+            .unwrap();
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let started = std::time::Instant::now();
+    let pruned = tokio::time::timeout(
+        Duration::from_secs(20),
+        retention::prune_published(pool, week, 1000),
+    )
+    .await
+    .expect("the prune waits for a held row at most a second per batch")
+    .expect("prune");
+    let took = started.elapsed();
+    assert_eq!(pruned, 2_499, "every expired row but the held one");
+    assert!(
+        took >= retention::PRUNE_LOCK_WAIT,
+        "the held row was waited for before it was passed over ({took:?})"
+    );
+    let left: Vec<Uuid> = sqlx::query_scalar("select id from outbox_events")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![held]);
+    operator.rollback().await.unwrap();
+    assert_eq!(
+        retention::prune_published(pool, week, 1000).await.unwrap(),
+        1
+    );
 }
