@@ -2,9 +2,8 @@
 //!
 //! A published row (`published_at is not null`) is spent once no consumer can still need it
 //! replayed; a dedupe row is spent once its event can no longer be delivered again. Both are
-//! deleted in batches of the oldest first. A relay never holds a published row, so retention
-//! never waits on (or blocks) a relay; a row held by someone else is waited for at most
-//! [`PRUNE_LOCK_WAIT`] and then passed over (see [`prune_published`]). Unpublished rows are never retention material: they are
+//! deleted in batches with `for update skip locked`, the relay's own discipline, so retention
+//! never waits on (or blocks) a relay. Unpublished rows are never retention material: they are
 //! an incident, and they show in [`crate::status`].
 //!
 //! # Sizing
@@ -109,86 +108,62 @@ fn check_batch(batch: i64) -> Result<()> {
     Ok(())
 }
 
-/// The statement [`prune_published`] runs first (`$1` the keep as an interval, `$2` the batch):
-/// it deletes by the `ctid`s one read of `outbox_events_published_idx` found, without locking
-/// the rows first, so a deleted row costs one WAL record instead of two (a lock, then the
-/// delete). The outer conditions are checked again on the row the delete reaches: a row whose
-/// `published_at` was set back to null meanwhile (`outbox verify --republish`) is a new row
-/// version, at another `ctid`, and fails them, so it is kept. A row another transaction holds
-/// is waited for, at most [`PRUNE_LOCK_WAIT`]. Shown for the benchmark and the tests.
+/// The statement [`prune_published`] runs (`$1` the cutoff, `$2` the batch): the oldest rows
+/// published before the cutoff, through `outbox_events_published_idx`, locked with `skip
+/// locked` (a row another transaction holds is passed over), deleted by their `ctid`s: no
+/// primary-key probe per row, and a locked, published row does not move. Shown for the
+/// benchmark and the tests.
 #[doc(hidden)]
-pub const PRUNE_PUBLISHED: &str = "delete from outbox_events \
-     where ctid = any(array( \
-             select ctid from outbox_events \
-              where published_at is not null and published_at < now() - $1::interval \
-              order by published_at limit $2)) \
-       and published_at is not null and published_at < now() - $1::interval";
-
-/// The statement [`prune_published`] falls back to when a row of its batch stayed held for
-/// [`PRUNE_LOCK_WAIT`]: it locks the batch with `skip locked` first, so it never waits.
-#[doc(hidden)]
-pub const PRUNE_PUBLISHED_SKIP_LOCKED: &str = "delete from outbox_events where ctid = any(array( \
+pub const PRUNE_PUBLISHED: &str = "delete from outbox_events where ctid = any(array( \
        select ctid from outbox_events \
-        where published_at is not null and published_at < now() - $1::interval \
+        where published_at is not null and published_at < $1::timestamptz \
         order by published_at limit $2 for update skip locked))";
 
-/// How long [`PRUNE_PUBLISHED`] waits for a row lock (an operator's open `select … for update`,
-/// a `--republish` in progress) before the batch goes again with [`PRUNE_PUBLISHED_SKIP_LOCKED`].
-pub const PRUNE_LOCK_WAIT: Duration = Duration::from_secs(1);
-
-/// Deletes published rows whose `published_at` is older than `keep`, `batch` rows per
-/// statement, until none is left. Returns how many were deleted. Unpublished rows are never
-/// selected, and a row set unpublished while a statement runs is kept. A `batch` below 1 is an
-/// [`Error::Config`], before any statement.
-///
-/// Each statement deletes without locking its rows first (one WAL record per row); when one of
-/// them is held by another transaction for longer than [`PRUNE_LOCK_WAIT`], that batch goes
-/// again with `for update skip locked`, which passes over the held row.
+/// Deletes published rows whose `published_at` is older than `keep` (on the database's clock,
+/// when the call starts), `batch` rows per statement, until none is left. Returns how many
+/// were deleted. Unpublished rows are never selected. A row another transaction holds (an
+/// operator's `select … for update`, an `outbox verify --republish` in progress) is passed
+/// over, never waited for; a later call takes it. A `batch` below 1 is an [`Error::Config`],
+/// before any statement.
 pub async fn prune_published(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
     check_batch(batch)?;
-    let mut total = 0;
-    loop {
-        let n = prune_published_batch(pool, keep, batch)
-            .await
-            .map_err(|e| OUTBOX_EVENTS.error(e))?;
-        total += n;
-        if n < batch as u64 {
-            break;
-        }
-    }
+    let cutoff = cutoff(pool, keep).await?;
+    let total = delete_in_batches(pool, PRUNE_PUBLISHED, cutoff, batch)
+        .await
+        .map_err(|e| OUTBOX_EVENTS.error(e))?;
     metrics::counter!(m::PRUNED, "table" => "outbox_events").increment(total);
     Ok(total)
 }
 
-/// One batch of [`prune_published`]: [`PRUNE_PUBLISHED`] under a lock timeout, then
-/// [`PRUNE_PUBLISHED_SKIP_LOCKED`] if a row stayed held.
-async fn prune_published_batch(pool: &PgPool, keep: Duration, batch: i64) -> sqlx::Result<u64> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("select set_config('lock_timeout', $1, true)")
-        .bind(format!("{}ms", PRUNE_LOCK_WAIT.as_millis()))
-        .execute(&mut *tx)
-        .await?;
-    match sqlx::query(PRUNE_PUBLISHED)
+/// `now() - keep` on the database's clock.
+async fn cutoff(pool: &PgPool, keep: Duration) -> Result<DateTime<Utc>> {
+    Ok(sqlx::query_scalar("select now() - $1::interval")
         .bind(interval(keep))
-        .bind(batch)
-        .execute(&mut *tx)
-        .await
-    {
-        Ok(done) => {
-            tx.commit().await?;
-            Ok(done.rows_affected())
+        .fetch_one(pool)
+        .await?)
+}
+
+/// Runs `statement` (`$1` a fixed cutoff, `$2` the batch) until one deletes fewer than
+/// `batch` rows; returns the rows deleted. `skip locked` fills a batch from the rows after a
+/// held one, so a short batch means no unheld row is left.
+async fn delete_in_batches(
+    pool: &PgPool,
+    statement: &'static str,
+    cutoff: DateTime<Utc>,
+    batch: i64,
+) -> sqlx::Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = sqlx::query(statement)
+            .bind(cutoff)
+            .bind(batch)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        total += n;
+        if n < batch as u64 {
+            return Ok(total);
         }
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
-            tx.rollback().await?;
-            tracing::debug!("a prunable row is held by another transaction; pruning around it");
-            let done = sqlx::query(PRUNE_PUBLISHED_SKIP_LOCKED)
-                .bind(interval(keep))
-                .bind(batch)
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
-        Err(e) => Err(e),
     }
 }
 
@@ -203,7 +178,14 @@ pub async fn count_prunable(pool: &PgPool, keep: Duration) -> Result<i64> {
     .map_err(|e| OUTBOX_EVENTS.error(e))
 }
 
-/// Deletes dedupe rows (`outbox_consumed`) older than `keep`, in batches. Returns how many.
+/// [`prune_dedupe`]'s statement, as [`PRUNE_PUBLISHED`] (dedupe rows are never updated).
+const PRUNE_DEDUPE: &str = "delete from outbox_consumed where ctid = any(array( \
+       select ctid from outbox_consumed \
+        where consumed_at < $1 \
+        order by consumed_at limit $2 for update skip locked))";
+
+/// Deletes dedupe rows (`outbox_consumed`) older than `keep`, in batches, passing over rows
+/// other transactions hold, as [`prune_published`] does. Returns how many.
 /// A `batch` below 1 is an [`Error::Config`], before any statement.
 ///
 /// Before deleting, it records the cutoff in `outbox_dedupe_horizon` (migration `0006`): a
@@ -211,10 +193,7 @@ pub async fn count_prunable(pool: &PgPool, keep: Duration) -> Result<i64> {
 /// so an event whose dedupe row is gone is not applied twice (see [`crate::consumer`]).
 pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
     check_batch(batch)?;
-    let cutoff: DateTime<Utc> = sqlx::query_scalar("select now() - $1::interval")
-        .bind(interval(keep))
-        .fetch_one(pool)
-        .await?;
+    let cutoff = cutoff(pool, keep).await?;
     let any: bool =
         sqlx::query_scalar("select exists (select 1 from outbox_consumed where consumed_at < $1)")
             .bind(cutoff)
@@ -232,26 +211,9 @@ pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u
     .execute(pool)
     .await
     .map_err(|e| DEDUPE_HORIZON.error(e))?;
-    let mut total = 0;
-    loop {
-        let n = sqlx::query(
-            // by the locked rows' ctids, as for outbox_events (dedupe rows are never updated)
-            "delete from outbox_consumed where ctid = any(array( \
-               select ctid from outbox_consumed \
-                where consumed_at < $1 \
-                order by consumed_at limit $2 for update skip locked))",
-        )
-        .bind(cutoff)
-        .bind(batch)
-        .execute(pool)
+    let total = delete_in_batches(pool, PRUNE_DEDUPE, cutoff, batch)
         .await
-        .map_err(|e| OUTBOX_CONSUMED.error(e))?
-        .rows_affected();
-        total += n;
-        if n < batch as u64 {
-            break;
-        }
-    }
+        .map_err(|e| OUTBOX_CONSUMED.error(e))?;
     metrics::counter!(m::PRUNED, "table" => "outbox_consumed").increment(total);
     Ok(total)
 }
