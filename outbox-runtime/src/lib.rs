@@ -62,6 +62,9 @@ pub use outbox_macros::OutboxEvent;
 ///   (a prune statement reads a bounded number of pages however large the table). Its build
 ///   holds writes to the table: on a large table build it `concurrently` beforehand (the
 ///   file gives the statement) and the migration finds it.
+/// - `0010_outbox_unpublished_partition_idx.sql`: the unpublished rows by `(created_at, id)`
+///   and subject partition, so that a relay's lane skips the other lanes' rows inside the
+///   index. Built like 0009 (the file gives the `concurrently` statement).
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting).
@@ -77,9 +80,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder
 /// instead.
 ///
-/// A concurrent build of `outbox_events_published_idx` that failed (cancelled, a connection
-/// lost) leaves an invalid index behind, which `if not exists` would take for done: this
-/// drops it and builds it again (a build still in progress is left alone).
+/// A concurrent build of `outbox_events_published_idx` (0009) or
+/// `outbox_events_unpublished_partition_idx` (0010) that failed (cancelled, a connection lost)
+/// leaves an invalid index behind, which `if not exists` would take for done: this drops it
+/// and builds it again (a build still in progress is left alone).
 ///
 /// ```no_run
 /// # async fn run() -> outbox_runtime::Result<()> {
@@ -88,9 +92,14 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
-    // a concurrent build of 0009's index that failed leaves an invalid index that `if not
-    // exists` would take for done: drop it, and build it again below
-    let rebuild = drop_invalid_published_index(pool).await?;
+    // a concurrent build that failed leaves an invalid index that `if not exists` would take
+    // for done: drop it, and build it again below
+    let mut rebuild = Vec::new();
+    for (name, build) in BUILT_CONCURRENTLY {
+        if drop_invalid_index(pool, name).await? {
+            rebuild.push(build);
+        }
+    }
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.set_ignore_missing(true);
     match migrator.run(pool).await {
@@ -100,25 +109,36 @@ pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
         }
         Err(e) => return Err(e.into()),
     }
-    if rebuild {
-        sqlx::raw_sql(PUBLISHED_INDEX).execute(pool).await?;
+    for build in rebuild {
+        sqlx::raw_sql(build).execute(pool).await?;
     }
     Ok(())
 }
 
-/// Migration 0009: retention's index.
-const PUBLISHED_INDEX: &str = include_str!("../migrations/0009_outbox_published_idx.sql");
+/// The indexes whose migrations say to build them `concurrently` beforehand on a large table,
+/// with their migrations: retention's (0009) and the lanes' (0010).
+const BUILT_CONCURRENTLY: [(&str, &str); 2] = [
+    (
+        "outbox_events_published_idx",
+        include_str!("../migrations/0009_outbox_published_idx.sql"),
+    ),
+    (
+        "outbox_events_unpublished_partition_idx",
+        include_str!("../migrations/0010_outbox_unpublished_partition_idx.sql"),
+    ),
+];
 
-/// Drops `outbox_events_published_idx` when it is invalid (a concurrent build of it failed)
-/// and no build of it is in progress; whether it did.
-async fn drop_invalid_published_index(pool: &sqlx::PgPool) -> Result<bool> {
+/// Drops the index `name` of `outbox_events` when it is invalid (a concurrent build of it
+/// failed) and no build of it is in progress; whether it did.
+async fn drop_invalid_index(pool: &sqlx::PgPool, name: &str) -> Result<bool> {
     let invalid: Option<String> = sqlx::query_scalar(
         "select c.oid::regclass::text from pg_index i join pg_class c on c.oid = i.indexrelid \
           where i.indrelid = to_regclass('outbox_events') \
-            and c.relname = 'outbox_events_published_idx' and not i.indisvalid \
+            and c.relname = $1 and not i.indisvalid \
             and not exists (select 1 from pg_stat_progress_create_index p \
                              where p.index_relid = c.oid)",
     )
+    .bind(name)
     .fetch_optional(pool)
     .await?;
     let Some(index) = invalid else {
@@ -126,7 +146,7 @@ async fn drop_invalid_published_index(pool: &sqlx::PgPool) -> Result<bool> {
     };
     tracing::warn!(
         %index,
-        "outbox_events_published_idx is invalid (a concurrent build of it failed); dropping it and building it again"
+        "{name} is invalid (a concurrent build of it failed); dropping it and building it again"
     );
     // the name is the catalog's own, quoted by `regclass`
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("drop index if exists {index}")))

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use super::config::RelayConfig;
 
-/// The share of the subject partitions one batch loop claims from: the partitions `p` with
-/// `p % count == index`.
+/// The share of the subject partitions one batch loop claims from: slot `index` of `count`,
+/// the contiguous range of partitions [`Lane::range`] (contiguous, so that the unpublished
+/// index's partition column can bound it: migration 0010).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Lane {
     pub(super) index: i32,
@@ -16,6 +17,13 @@ pub(super) struct Lane {
 impl Lane {
     /// Every partition.
     pub(super) const ALL: Lane = Lane { index: 0, count: 1 };
+
+    /// The partitions `[from, to)` of this slot out of `partitions`, as the statements'
+    /// `in_lane!` computes them: `index * partitions / count` to the next slot's start.
+    pub(super) fn range(self, partitions: i32) -> (i32, i32) {
+        let start = |i: i32| (i64::from(i) * i64::from(partitions) / i64::from(self.count)) as i32;
+        (start(self.index), start(self.index + 1))
+    }
 }
 
 /// Whether rows a batch could not take are waiting ([`WAITING`](super::sql::WAITING)).

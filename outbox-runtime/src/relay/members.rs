@@ -36,12 +36,12 @@ pub(super) struct Member {
 }
 
 /// This relay's slots among all the running relays' slots: its lane `i` (for `i < own`)
-/// claims the partitions `p` with `p % slots == first + i`.
+/// claims the partitions of slot `first + i` of `slots`, a contiguous range ([`Lane::range`]).
 ///
 /// Each relay takes `max(1, lanes / relays)` slots, so that the relays together run about as
-/// many lanes as one of them would alone: every lane's claim reads the rows of every slot to
-/// find its own, so more slots cost more reading, and beside other relays a relay's own
-/// lanes add little overlap.
+/// many lanes as one of them would alone: every lane's claim walks the index entries of every
+/// slot to find its own, so more slots cost more reading, and beside other relays a relay's
+/// own lanes add little overlap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Share {
     pub(super) first: i32,
@@ -86,14 +86,16 @@ impl Share {
     }
 
     /// The partitions lane `lane` claims, or `None` when it has no slot: the relay has fewer
-    /// slots than lanes, or there are more slots than partitions (the lane rests until the
-    /// slots change).
+    /// slots than lanes, or there are more slots than partitions and its slot's range is
+    /// empty (the lane rests until the slots change).
     pub(super) fn lane(self, lane: usize, partitions: i32) -> Option<Lane> {
         let index = self.first + lane as i32;
-        ((lane as i32) < self.own && index < partitions.min(self.slots)).then_some(Lane {
+        let slot = Lane {
             index,
             count: self.slots,
-        })
+        };
+        let (from, to) = slot.range(partitions);
+        ((lane as i32) < self.own && index < self.slots && from < to).then_some(slot)
     }
 }
 
@@ -220,7 +222,8 @@ mod tests {
             for lane in 0..m.lanes as usize {
                 if let Some(l) = share.lane(lane, partitions) {
                     for (p, owner) in owners.iter_mut().enumerate() {
-                        if p as i32 % l.count == l.index {
+                        let (from, to) = l.range(partitions);
+                        if (from..to).contains(&(p as i32)) {
                             *owner += 1;
                         }
                     }
@@ -247,7 +250,7 @@ mod tests {
             vec![member(1, 64), member(2, 64)],
         ] {
             for partitions in [1024, 7, 128] {
-                // with more slots than partitions, the slots past the last partition rest
+                // with more slots than partitions, the slots whose range is empty rest
                 let owners = owners(&members, partitions);
                 assert!(
                     owners.iter().all(|&o| o == 1),

@@ -218,10 +218,11 @@ async fn assert_stream_matches(ctx: &Ctx, expected: &HashMap<String, Vec<Uuid>>,
 }
 
 /// Per backend holding relay partition locks in the test's database (not the wake lock, key
-/// -1): the residues of its partitions modulo `lanes`.
+/// -1): the slots of its partitions, out of `lanes` (slot `k` of `n` is the range of
+/// partitions `[k * 1024 / n, (k + 1) * 1024 / n)`).
 async fn partitions_held(ctx: &Ctx, lanes: usize) -> Vec<(i32, Vec<i64>)> {
     sqlx::query_as(
-        "select pid, array_agg(distinct objid::int8 % $2 order by objid::int8 % $2) from pg_locks \
+        "select pid, array_agg(distinct objid::int8 * $2 / 1024 order by objid::int8 * $2 / 1024) from pg_locks \
           where locktype = 'advisory' and classid = $1::int8::oid and objsubid = 2 \
             and objid::int8 < 4294967295 \
             and database = (select oid from pg_database where datname = current_database()) \
@@ -247,15 +248,15 @@ async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order(
     let (relay, stop, running) = start_relay(&ctx, config).await;
 
     // While the backlog drains, every open batch (one backend each) holds advisory locks only
-    // on partitions of its own lane: one residue of `partition % LANES` per backend.
+    // on partitions of its own lane: one slot of LANES per backend.
     let mut samples_with_two_lanes = 0;
     while ctx.db.unpublished().await > 0 {
         let held = partitions_held(&ctx, LANES).await;
-        for (pid, residues) in &held {
+        for (pid, slots_of) in &held {
             assert_eq!(
-                residues.len(),
+                slots_of.len(),
                 1,
-                "backend {pid} holds partitions of several lanes (residues mod {LANES}: {residues:?})"
+                "backend {pid} holds partitions of several lanes (slots of {LANES}: {slots_of:?})"
             );
         }
         if held.len() >= 2 {
@@ -300,7 +301,7 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon() {
     );
     holder.rollback().await.unwrap();
 
-    // The lanes keep to their own partitions meanwhile: one residue of `partition % 2` per
+    // The lanes keep to their own partitions meanwhile: one slot of 2 per
     // open batch.
     let released = std::time::Instant::now();
     while ctx.db.unpublished().await > 0 {
@@ -310,9 +311,9 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon() {
             released.elapsed() < Duration::from_secs(30),
             "the relay did not publish the released rows (no notification was sent for them)"
         );
-        for (pid, residues) in partitions_held(&ctx, 2).await {
+        for (pid, slots_of) in partitions_held(&ctx, 2).await {
             assert_eq!(
-                residues.len(),
+                slots_of.len(),
                 1,
                 "backend {pid} holds partitions of both lanes"
             );
@@ -326,11 +327,11 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon() {
 }
 
 /// Per relay (the application name of its pool) and backend holding relay partition locks: the
-/// residues of its partitions modulo `slots`.
+/// slots of its partitions, out of `slots` (as [`partitions_held`]).
 async fn slots_held(ctx: &Ctx, slots: i64) -> Vec<(String, i32, Vec<i64>)> {
     sqlx::query_as(
         "select a.application_name, l.pid, \
-                array_agg(distinct l.objid::int8 % $2 order by l.objid::int8 % $2) \
+                array_agg(distinct l.objid::int8 * $2 / 1024 order by l.objid::int8 * $2 / 1024) \
            from pg_locks l join pg_stat_activity a on a.pid = l.pid \
           where l.locktype = 'advisory' and l.classid = $1::int8::oid and l.objsubid = 2 \
             and l.objid::int8 < 4294967295 \
@@ -424,11 +425,11 @@ async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_ove
         )
         .await;
         next += 200;
-        for (relay, _, residues) in slots_held(&ctx, slots).await {
-            if let [slot] = residues[..] {
+        for (relay, _, slots_of) in slots_held(&ctx, slots).await {
+            if let [slot] = slots_of[..] {
                 last.insert(relay.clone(), slot);
             }
-            seen.entry(relay).or_default().extend(residues);
+            seen.entry(relay).or_default().extend(slots_of);
         }
     }
     eprintln!("slots each relay was seen working on (mod {slots}): {seen:?}");
@@ -466,7 +467,7 @@ async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_ove
         next += 200;
         let published: i64 = sqlx::query_scalar(
             "select count(*) from outbox_events \
-              where published_at > $1 and (hashtext(subject) & 2147483647) % 1024 % $2 = any($3)",
+              where published_at > $1 and (hashtext(subject) & 2147483647) % 1024 * $2 / 1024 = any($3)",
         )
         .bind(killed_at)
         .bind(slots)
