@@ -106,7 +106,6 @@ pub async fn connect_nats() -> async_nats::Client {
 
 /// A stream of this run capturing `<prefix>.>`, with file storage and the default duplicate
 /// window, as a service's stream has; [`BenchStream::delete`] removes it.
-#[derive(Clone)]
 pub struct BenchStream {
     /// JetStream on the connection that created it.
     pub js: jetstream::Context,

@@ -115,7 +115,7 @@ async fn bench(quick: bool) {
             // 1,000-row statement whenever the stream has gained 1,000 messages since the last
             let pruner = statement.clone().map(|(statement, compressed)| {
                 let stop = stop.clone();
-                let stream = stream.clone();
+                let (js, name) = (stream.js.clone(), stream.name.clone());
                 let options = if compressed {
                     db.options.clone().options([("wal_compression", "lz4")])
                 } else {
@@ -127,11 +127,14 @@ async fn bench(quick: bool) {
                         .connect_with(options)
                         .await
                         .expect("connect the retention pool");
+                    // one handle, its count read each tick: a request per tick, not two
+                    let mut published = js.get_stream(&name).await.expect("the stream");
                     let mut tick = tokio::time::interval(Duration::from_millis(10));
                     let (mut pruned, mut statements, mut short) = (0, 0, 0);
                     while !stop.load(Ordering::Relaxed) {
                         tick.tick().await;
-                        if stream.len().await < (statements + 1) * 1_000 {
+                        let messages = published.info().await.expect("stream info").state.messages;
+                        if messages < (statements + 1) * 1_000 {
                             continue;
                         }
                         let n = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))

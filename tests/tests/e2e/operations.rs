@@ -347,6 +347,19 @@ async fn insert_expired(pool: &sqlx::PgPool, n: i64) {
     .unwrap();
 }
 
+/// `prune_published` with a week's keep and batches of 1,000, which must not wait for rows
+/// other transactions hold (it fails after 20 s if it does).
+async fn prune_a_week_without_waiting(pool: &sqlx::PgPool) -> u64 {
+    let week = Duration::from_secs(7 * 24 * 3600);
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        retention::prune_published(pool, week, 1000),
+    )
+    .await
+    .expect("the prune passes over a held row, it does not wait for it")
+    .expect("prune")
+}
+
 #[tokio::test]
 async fn a_row_being_set_unpublished_is_passed_over_and_kept() {
     let ctx = Ctx::new().await;
@@ -365,23 +378,13 @@ async fn a_row_being_set_unpublished_is_passed_over_and_kept() {
         .execute(&mut *republish)
         .await
         .unwrap();
-    let week = Duration::from_secs(7 * 24 * 3600);
-    let pruned = tokio::time::timeout(
-        Duration::from_secs(10),
-        retention::prune_published(pool, week, 1000),
-    )
-    .await
-    .expect("the prune passes over a held row, it does not wait for it")
-    .expect("prune");
     assert_eq!(
-        pruned, 99,
+        prune_a_week_without_waiting(pool).await,
+        99,
         "every expired row but the one being republished"
     );
     republish.commit().await.unwrap();
-    assert_eq!(
-        retention::prune_published(pool, week, 1000).await.unwrap(),
-        0
-    );
+    assert_eq!(prune_a_week_without_waiting(pool).await, 0);
     let left: Vec<(Uuid, Option<chrono::DateTime<chrono::Utc>>)> =
         sqlx::query_as("select id, published_at from outbox_events")
             .fetch_all(pool)
@@ -406,17 +409,10 @@ async fn a_published_row_locked_elsewhere_is_passed_over_and_every_other_row_pru
             .fetch_one(&mut *operator)
             .await
             .unwrap();
-    let week = Duration::from_secs(7 * 24 * 3600);
-    let pruned = tokio::time::timeout(
-        Duration::from_secs(20),
-        retention::prune_published(pool, week, 1000),
-    )
-    .await
-    .expect("the prune passes over a held row, it does not wait for it")
-    .expect("prune");
     // `skip locked` fills the second batch from the rows after the held one
     assert_eq!(
-        pruned, 2_499,
+        prune_a_week_without_waiting(pool).await,
+        2_499,
         "every expired row but the held one, in one pass"
     );
     let left: Vec<Uuid> = sqlx::query_scalar("select id from outbox_events")
@@ -425,8 +421,5 @@ async fn a_published_row_locked_elsewhere_is_passed_over_and_every_other_row_pru
         .unwrap();
     assert_eq!(left, vec![held]);
     operator.rollback().await.unwrap();
-    assert_eq!(
-        retention::prune_published(pool, week, 1000).await.unwrap(),
-        1
-    );
+    assert_eq!(prune_a_week_without_waiting(pool).await, 1);
 }
