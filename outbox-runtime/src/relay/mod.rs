@@ -54,6 +54,15 @@ pub use stats::{BatchReport, RelayStats};
 use crate::error::Result;
 use crate::table::OUTBOX_RETRIES;
 
+/// The batch transaction's settings (`$1` statement and lock timeout, `$2` idle timeout, in
+/// milliseconds as text) and the main claim (`$1` limit, `$2` partitions, `$3` lanes, `$4`
+/// lane, `$5` [`LOCK_NAMESPACE`], `$6`/`$7` the floor, `$8` paused subjects), verbatim. Shown
+/// for the tests that check the claim's plan.
+#[doc(hidden)]
+pub const BATCH_SETTINGS: &str = sql::SETTINGS;
+#[doc(hidden)]
+pub const CLAIM_STATEMENT: &str = sql::CLAIM;
+
 /// First key of the relay's advisory locks (`pg_try_advisory_xact_lock(LOCK_NAMESPACE, partition)`),
 /// so that they do not collide with the application's own advisory locks.
 pub const LOCK_NAMESPACE: i32 = 0x6f62_7872;

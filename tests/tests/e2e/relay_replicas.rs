@@ -519,3 +519,70 @@ async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_ove
     assert_stream_matches(&ctx, &expected, next).await;
     ctx.delete_stream().await;
 }
+
+/// Every plan node of `plan` (an `EXPLAIN (FORMAT JSON)` plan), depth first.
+fn plan_nodes(plan: &serde_json::Value) -> Vec<&serde_json::Value> {
+    let mut nodes = vec![plan];
+    if let Some(children) = plan["Plans"].as_array() {
+        for child in children {
+            nodes.extend(plan_nodes(child));
+        }
+    }
+    nodes
+}
+
+/// A lane's claim reads only its own partitions' rows: its partition range is a condition of
+/// migration 0010's index (an `Index Cond`), so the other lanes' rows are never fetched from
+/// the table. Checked on the relay's own statement and settings, in the generic plan its
+/// prepared statement runs, over an analyzed backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
+    let (ctx, _, _) = one_type_backlog(5_000).await;
+    sqlx::query("analyze outbox_events")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let mut tx = ctx.pool().begin().await.unwrap();
+    sqlx::query(outbox_runtime::relay::BATCH_SETTINGS)
+        .bind("5000")
+        .bind("10000")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // the relay prepares the claim, and its settings force the generic plan
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "prepare claim_plan as {}",
+        outbox_runtime::relay::CLAIM_STATEMENT
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let defaults = RelayConfig::default();
+    assert_eq!(
+        defaults.partitions, 1024,
+        "the index holds the partition of 1024"
+    );
+    for (lanes, lane) in [(4, 1), (2, 0), (16, 15)] {
+        let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "explain (format json) execute claim_plan(500, {}, {lanes}, {lane}, {LOCK_NAMESPACE}, \
+             '-infinity', '00000000-0000-0000-0000-000000000000', '{{}}')",
+            defaults.partitions
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        let nodes = plan_nodes(&plan[0]["Plan"]);
+        let bounded = nodes.iter().any(|n| {
+            n["Index Name"] == "outbox_events_unpublished_partition_idx"
+                && n["Index Cond"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("hashtext"))
+        });
+        assert!(
+            bounded,
+            "lane {lane} of {lanes}: the claim does not bound its partitions in \
+             outbox_events_unpublished_partition_idx; its plan:\n{plan:#}"
+        );
+    }
+    tx.rollback().await.unwrap();
+}
