@@ -9,13 +9,21 @@
 //!   windows of 256 publish futures whose acks are then awaited together;
 //! - **relay x1**: one [`Relay::run`] drains the backlog;
 //! - **relay x2**, **relay x4**: two and four relays (each with its own pool and NATS
-//!   connection, as separate processes) drain a refilled backlog of the same size.
+//!   connection, as separate processes) drain a backlog of the same size.
+//!
+//! The relays run before their backlog is written, as a service's relays do when a backlog
+//! builds (a broker outage): started on the empty table and settled (joined, the partitions
+//! shared out, each lane asleep), then the backlog is written and a notification wakes them;
+//! the clock starts at the notification. `--cold` starts them on the written backlog instead,
+//! their joining, connecting and first planning inside the timing (a deploy that finds a
+//! backlog).
 //!
 //! Options: `--quick` (10,000 events, one round), `--events=N` (backlog size), `--batch=N`
 //! (relay batch size, default `RelayConfig::default().batch_size`), `--lanes=N` (batch loops
 //! per relay, default `RelayConfig::default().lanes`), `--window=N` (raw publishes in flight,
 //! default 256), `--cluster` (a private three-node cluster with an R3 stream instead of
-//! `NATS_URL`: raw and relay both publish to it).
+//! `NATS_URL`: raw and relay both publish to it), `--relays=N` (only the relay xN drain, each
+//! round: for a profiler, no baseline and no ratio), `--cold` (above).
 //!
 //! All publish to one stream (file storage, purged between runs). The last lines:
 //! `relay_x2_vs_x1_ratio=` and `relay_x4_vs_x1_ratio=` (medians of the rounds' ratios, each
@@ -80,6 +88,16 @@ async fn bench(quick: bool) {
         stream.name
     );
 
+    let start = Start::from_args();
+    if let Some(relays) = common::option("relays") {
+        // one kind alone, for a profiler: no baseline, no ratio
+        for round in 1..=rounds {
+            let rate = drain_backlog(&db, &stream, relays.max(1) as usize, events, start).await;
+            println!("round {round}: relay x{relays} {rate:.0} events/s");
+        }
+        stream.delete().await;
+        return;
+    }
     let (mut raw, mut one, mut two, mut four) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut two_ratio, mut four_ratio) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
@@ -100,13 +118,9 @@ async fn bench(quick: bool) {
             processes.per_event_since(events as u64)
         );
 
-        // the relays drain the backlog the raw run read (their ids were not published)
-        stream.purge().await;
-        one.push(drain(&db, &stream, 1, events).await);
-        refill(&db, &stream, events).await;
-        two.push(drain(&db, &stream, 2, events).await);
-        refill(&db, &stream, events).await;
-        four.push(drain(&db, &stream, 4, events).await);
+        one.push(drain_backlog(&db, &stream, 1, events, start).await);
+        two.push(drain_backlog(&db, &stream, 2, events, start).await);
+        four.push(drain_backlog(&db, &stream, 4, events, start).await);
         let x1 = one[one.len() - 1];
         two_ratio.push(two[two.len() - 1] / x1);
         four_ratio.push(four[four.len() - 1] / x1);
@@ -147,8 +161,34 @@ async fn bench(quick: bool) {
 async fn refill(db: &TestDb, stream: &BenchStream, events: i64) {
     common::truncate(db).await;
     stream.purge().await;
+    backlog(db, stream, events).await;
+}
+
+/// `events` unpublished rows, vacuumed and analyzed.
+async fn backlog(db: &TestDb, stream: &BenchStream, events: i64) {
     common::fill_backlog(&db.pool, &stream.prefix, events, SUBJECTS).await;
     common::vacuum(db).await;
+}
+
+/// [`drain`] of a fresh backlog of `events` rows, from an empty table and stream.
+async fn drain_backlog(
+    db: &TestDb,
+    stream: &BenchStream,
+    relays: usize,
+    events: i64,
+    start: Start,
+) -> f64 {
+    common::truncate(db).await;
+    stream.purge().await;
+    drain(
+        db,
+        stream,
+        relays,
+        events,
+        start,
+        backlog(db, stream, events),
+    )
+    .await
 }
 
 struct Message {
@@ -208,8 +248,55 @@ async fn raw_publish(js: &jetstream::Context, messages: &[Message]) -> Duration 
     started.elapsed()
 }
 
-/// Runs `relays` relays until they have published `events` rows; returns events per second.
-pub async fn drain(db: &TestDb, stream: &BenchStream, relays: usize, events: i64) -> f64 {
+/// How the relays of a [`drain`] meet their backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Running already, as a service's relays are when a backlog builds (a broker outage):
+    /// started on the empty table, settled (joined, the partitions shared out, each lane's
+    /// first claim made), then the backlog is written and they are woken. The default.
+    Warm,
+    /// Started on the backlog (`--cold`): their joining, their connections and their first
+    /// statements' planning are inside the timing, as after a deploy that finds a backlog.
+    Cold,
+}
+
+impl Start {
+    /// `--cold` or the default.
+    pub fn from_args() -> Start {
+        if std::env::args().skip(2).any(|a| a == "--cold") {
+            Start::Cold
+        } else {
+            Start::Warm
+        }
+    }
+}
+
+/// Runs `relays` relays until they have published the `events` rows `fill` writes (an empty
+/// table before it); returns events per second, from the moment the relays can see the
+/// backlog ([`Start`]).
+pub async fn drain(
+    db: &TestDb,
+    stream: &BenchStream,
+    relays: usize,
+    events: i64,
+    start: Start,
+    fill: impl std::future::Future<Output = ()>,
+) -> f64 {
+    if start == Start::Cold {
+        fill.await;
+        return run_relays(db, stream, relays, events, None).await;
+    }
+    run_relays(db, stream, relays, events, Some(Box::pin(fill))).await
+}
+
+/// The relays of [`drain`]: with `fill`, started and settled first, then woken after it.
+async fn run_relays(
+    db: &TestDb,
+    stream: &BenchStream,
+    relays: usize,
+    events: i64,
+    fill: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>>,
+) -> f64 {
     let mut started_relays = Vec::with_capacity(relays);
     for _ in 0..relays {
         let client = common::connect_nats().await;
@@ -221,9 +308,9 @@ pub async fn drain(db: &TestDb, stream: &BenchStream, relays: usize, events: i64
         started_relays.push(Arc::new(relay));
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let cpu = common::CpuTicks::now();
-    let processes = common::ProcessTicks::now();
-    let started = Instant::now();
+    let mut cpu = common::CpuTicks::now();
+    let mut processes = common::ProcessTicks::now();
+    let mut started = Instant::now();
     let tasks: Vec<_> = started_relays
         .iter()
         .map(|relay| {
@@ -239,6 +326,19 @@ pub async fn drain(db: &TestDb, stream: &BenchStream, relays: usize, events: i64
         })
         .collect();
     let published = |rs: &[Arc<Relay>]| rs.iter().map(|r| r.stats().published).sum::<u64>();
+    if let Some(fill) = fill {
+        settle(db, relays).await;
+        fill.await;
+        cpu = common::CpuTicks::now();
+        processes = common::ProcessTicks::now();
+        started = Instant::now();
+        // a plain insert sends no notification: this one wakes the sleeping lanes
+        sqlx::query("select pg_notify($1, 'bench')")
+            .bind(outbox_runtime::NOTIFY_CHANNEL)
+            .execute(&db.pool)
+            .await
+            .expect("wake the relays");
+    }
     while published(&started_relays) < events as u64 {
         tokio::time::sleep(Duration::from_millis(2)).await;
         assert!(
@@ -267,6 +367,27 @@ pub async fn drain(db: &TestDb, stream: &BenchStream, relays: usize, events: i64
         events as f64 / batches.max(1) as f64
     );
     events as f64 / took.as_secs_f64()
+}
+
+/// Until `relays` relays are listed in `outbox_relays`, then two heartbeats more: each has
+/// heard of the others and taken its share, and each lane, finding the table empty, sleeps.
+async fn settle(db: &TestDb, relays: usize) {
+    let since = Instant::now();
+    loop {
+        let listed: i64 = sqlx::query_scalar("select count(*) from outbox_relays")
+            .fetch_one(&db.pool)
+            .await
+            .expect("count the relays");
+        if listed == relays as i64 {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "{listed} of {relays} relays joined within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
 }
 
 /// Drains the backlog with one relay driven step by step ([`Relay::claim`],

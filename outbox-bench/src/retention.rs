@@ -16,7 +16,8 @@
 //!   `prune_pages_first=`, `prune_pages_nth=`, `prune_pages_unindexed_first=`,
 //!   `prune_pages_unindexed_nth=`.
 //! - **The relay with and without pruning**: one relay drains a backlog of 50,000 rows (1,000
-//!   subjects) on that table; in the *with* runs retention deletes expired rows meanwhile as
+//!   subjects) on that table, started before the backlog is written as in `relay` (`--cold`
+//!   starts it on the backlog); in the *with* runs retention deletes expired rows meanwhile as
 //!   it does in a steady state, as many as the relay publishes: the prune statement (keep 7
 //!   days, 1,000 rows) each time the stream has gained 1,000 messages, on its own pool. A
 //!   third kind runs it with `wal_compression = lz4` on the prune's connections. Runs
@@ -105,11 +106,6 @@ async fn bench(quick: bool) {
     for round in 1..=rounds {
         for (kind, statement) in statements.iter().enumerate() {
             stream.purge().await;
-            common::fill_backlog(&db.pool, &stream.prefix, backlog, SUBJECTS).await;
-            sqlx::query("analyze outbox_events")
-                .execute(&db.pool)
-                .await
-                .expect("analyze");
             let stop = Arc::new(AtomicBool::new(false));
             // steady state: retention deletes as many expired rows as the relay publishes, a
             // 1,000-row statement whenever the stream has gained 1,000 messages since the last
@@ -149,7 +145,15 @@ async fn bench(quick: bool) {
                     (pruned, short)
                 })
             });
-            let rate = crate::relay::drain(&db, &stream, 1, backlog).await;
+            let fill = async {
+                common::fill_backlog(&db.pool, &stream.prefix, backlog, SUBJECTS).await;
+                sqlx::query("analyze outbox_events")
+                    .execute(&db.pool)
+                    .await
+                    .expect("analyze");
+            };
+            let start = crate::relay::Start::from_args();
+            let rate = crate::relay::drain(&db, &stream, 1, backlog, start, fill).await;
             stop.store(true, Ordering::Relaxed);
             if let Some(p) = pruner {
                 let (pruned, short) = p.await.expect("retention task");
