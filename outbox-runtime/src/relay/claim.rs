@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::Row as _;
 use tokio::time::Instant;
@@ -47,6 +48,11 @@ pub struct Claim<'r> {
     /// Whether the claim may have read rows after the floor it had to pass (parked or paused
     /// subjects): unless it did, a look ahead of the floor has nothing to skip.
     passed: bool,
+    /// Whether the claim holds every unpublished row of the lane from the floor to its last
+    /// row (step 4's count), nothing cut.
+    exact: bool,
+    /// When the oldest transaction running on the database began ([`Start::oldest`]).
+    oldest: Option<DateTime<Utc>>,
     /// The floor to move back when a parked head is published, for claims made through
     /// [`Relay::claim`] (a lane applies its batch's effects itself).
     shared_floor: Option<&'r tokio::sync::Mutex<Floor>>,
@@ -78,6 +84,9 @@ struct Start {
     next_retry: Option<f64>,
     xmin: u64,
     xmax: u64,
+    /// When the oldest transaction running on the database began, if this session sees them
+    /// all ([`SETTINGS`](sql::SETTINGS)).
+    oldest: Option<DateTime<Utc>>,
 }
 
 impl<'r> Claim<'r> {
@@ -96,7 +105,7 @@ impl<'r> Claim<'r> {
             let now = Instant::now();
             floor.begin(start.xmin);
             let paused = relay.paused(now);
-            if floor.wants_check(now) {
+            if floor.wants_check(now, start.parked) {
                 if let Some(below) =
                     below_floor(&mut tx, relay, lane, floor.position(), &paused).await?
                 {
@@ -105,6 +114,7 @@ impl<'r> Claim<'r> {
             }
             if floor.wants_advance(now, start.parked) {
                 let to = advance(&mut tx, relay, lane, floor.position(), &paused).await?;
+                let to = to.map(|to| behind_oldest(to, start.oldest));
                 floor.advanced(to, start.xmax, now);
             }
             let mut claim = Claim {
@@ -120,6 +130,8 @@ impl<'r> Claim<'r> {
                 cut: Vec::new(),
                 next_retry: start.next_retry,
                 passed: false,
+                exact: false,
+                oldest: start.oldest,
                 shared_floor,
             };
             if start.due {
@@ -187,6 +199,7 @@ impl<'r> Claim<'r> {
         self.passed = !full;
         let last = rows.last().map(|r| r.position);
         let mut cut = self.cut_holes(&mut rows).await?;
+        self.exact = self.exact && cut.is_empty();
         if full && !cut.is_empty() {
             self.paused.extend(cut.iter().cloned());
             let room = limit - rows.len();
@@ -233,6 +246,7 @@ impl<'r> Claim<'r> {
         )
         .await?;
         self.passed |= unpublished > in_range;
+        self.exact = unpublished == rows.len() as i64;
         if in_range == rows.len() as i64 {
             return Ok(Vec::new());
         }
@@ -370,6 +384,8 @@ impl<'r> Claim<'r> {
         let effects = self.finish().await?;
         effects.pause(relay, Instant::now());
         if let Some(floor) = shared {
+            // only back: a caller driving the steps hears no `release` (`outbox unblock`,
+            // `verify --republish`), so its floor does not follow the rows it publishes
             let mut floor = floor.lock().await;
             for position in &effects.released {
                 floor.pull_back(*position);
@@ -382,7 +398,8 @@ impl<'r> Claim<'r> {
     pub(super) async fn finish(mut self) -> Result<Effects> {
         self.publish().await;
         let settled = self.settled.take().unwrap_or_default();
-        let effects = Effects::new(
+        let cleared = self.cleared(&settled);
+        let mut effects = Effects::new(
             self.relay,
             &self.rows,
             self.due,
@@ -391,10 +408,28 @@ impl<'r> Claim<'r> {
             self.report,
             self.next_retry,
         );
+        effects.cleared = cleared;
         super::settle::write(&mut self.tx, self.relay, &self.rows, self.due, &settled).await?;
         self.tx.commit().await?;
         super::settle::record(self.relay, &self.rows, &settled, &self.report);
         Ok(effects)
+    }
+
+    /// Where the lane's floor may move once this batch commits with `settled`: to its last row,
+    /// when it held every unpublished row of the lane from the floor to there (no due head,
+    /// nothing cut) and every one was acknowledged, but never past the start of the oldest
+    /// transaction running when the batch began, whose rows (and every later transaction's)
+    /// have a `created_at` at or after it. `None` when this session cannot see every other.
+    fn cleared(&self, settled: &Settled) -> Option<Position> {
+        if !self.exact || self.due > 0 || self.rows.is_empty() {
+            return None;
+        }
+        if settled.acked.len() != self.rows.len() {
+            return None;
+        }
+        let oldest = self.oldest?;
+        let last = self.rows.iter().map(|r| r.position).max()?;
+        Some(behind_oldest(last, Some(oldest)))
     }
 
     /// Rolls the claim back without publishing: its rows and subjects are free for the next
@@ -438,7 +473,23 @@ async fn settings(tx: &mut Tx, relay: &Relay) -> Result<Start> {
         next_retry: row.try_get("next_retry").map_err(get)?,
         xmin: xid(row.try_get("xmin").map_err(get)?),
         xmax: xid(row.try_get("xmax").map_err(get)?),
+        oldest: row.try_get("oldest").map_err(get)?,
     })
+}
+
+/// `to`, or the position just before `oldest` when that is earlier: no floor passes the
+/// start of a transaction that was running when its batch began.
+fn behind_oldest(to: Position, oldest: Option<DateTime<Utc>>) -> Position {
+    match oldest {
+        Some(oldest) => to.min(
+            Position {
+                at: Stamp::At(oldest),
+                id: Uuid::nil(),
+            }
+            .before(),
+        ),
+        None => to,
+    }
 }
 
 /// [`ADVANCE`](sql::ADVANCE): where the lane's floor may move.

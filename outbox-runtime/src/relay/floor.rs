@@ -11,6 +11,10 @@ use super::position::Position;
 
 /// How often a lane advances its floor while subjects are parked.
 const ADVANCE_EVERY: Duration = Duration::from_millis(100);
+/// How often a lane looks below its floor while no subject is parked: what lies there then is
+/// published rows' entries, cheap to pass, and a row set unpublished again by hand (or whose
+/// mark a Postgres crash forgot) goes out within this.
+const UNPARKED_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// A candidate floor, usable once every transaction that was running when it was found has
 /// ended: only those could still commit a row before it.
@@ -32,9 +36,10 @@ pub(super) struct Floor {
     /// can a look ahead move the floor over something.
     passed: bool,
     /// A row inserted with an old `created_at` (the column's default `now()` in a long
-    /// transaction) can appear below the floor: the lane looks there this often.
+    /// transaction) can appear below the floor: the lane looks there this often while subjects
+    /// are parked ([`UNPARKED_CHECK_EVERY`] otherwise).
     check_every: Duration,
-    next_check: Instant,
+    last_check: Instant,
 }
 
 impl Floor {
@@ -46,7 +51,7 @@ impl Floor {
             last_advance: None,
             passed: true,
             check_every,
-            next_check: Instant::now() + check_every,
+            last_check: Instant::now(),
         }
     }
 
@@ -89,6 +94,18 @@ impl Floor {
         }
     }
 
+    /// A batch held and published every unpublished row of the lane from the floor to `to`
+    /// (which stays behind the oldest transaction running when it began): the floor moves
+    /// there at once, and a candidate not beyond it is dropped.
+    pub(super) fn cleared(&mut self, to: Position) {
+        if to > self.at {
+            self.at = to;
+            if self.pending.is_some_and(|p| p.to <= to) {
+                self.pending = None;
+            }
+        }
+    }
+
     /// A row at `to` became claimable (its subject's parked head was published): the floor
     /// moves back before it, and a candidate beyond it is dropped.
     pub(super) fn pull_back(&mut self, to: Position) {
@@ -98,13 +115,18 @@ impl Floor {
     }
 
     /// Whether the batch should look below the floor for a row that appeared there (it is
-    /// above the start, and the last look is [`check_every`](Floor::new) old); the look is then
-    /// counted as made.
-    pub(super) fn wants_check(&mut self, now: Instant) -> bool {
-        if self.at == Position::START || now < self.next_check {
+    /// above the start, and the last look is [`check_every`](Floor::new) old while subjects are
+    /// `parked`, [`UNPARKED_CHECK_EVERY`] old otherwise); the look is then counted as made.
+    pub(super) fn wants_check(&mut self, now: Instant, parked: bool) -> bool {
+        let every = if parked {
+            self.check_every
+        } else {
+            self.check_every.min(UNPARKED_CHECK_EVERY)
+        };
+        if self.at == Position::START || now < self.last_check + every {
             return false;
         }
-        self.next_check = now + self.check_every;
+        self.last_check = now;
         true
     }
 
@@ -134,6 +156,33 @@ mod tests {
 
     fn floor() -> Floor {
         Floor::new(Duration::from_secs(30))
+    }
+
+    #[test]
+    fn a_cleared_batch_moves_the_floor_on_at_once_and_never_back() {
+        let mut f = floor();
+        let now = Instant::now();
+        f.advanced(Some(at(2, 2)), 100, now);
+        f.cleared(at(3, 1));
+        assert_eq!(f.position(), at(3, 1), "no settling: the batch began after");
+        f.begin(100);
+        assert_eq!(f.position(), at(3, 1), "the older candidate was dropped");
+        f.cleared(at(1, 1));
+        assert_eq!(
+            f.position(),
+            at(3, 1),
+            "a cleared batch never moves it back"
+        );
+        f.advanced(Some(at(5, 5)), 200, now + ADVANCE_EVERY);
+        f.cleared(at(4, 4));
+        f.begin(200);
+        assert_eq!(f.position(), at(5, 5), "a candidate beyond it stays");
+        f.pull_back(at(4, 9));
+        assert_eq!(
+            f.position(),
+            at(4, 9).before(),
+            "a released head still pulls it back"
+        );
     }
 
     #[test]
@@ -232,15 +281,24 @@ mod tests {
         let mut f = Floor::new(Duration::from_secs(30));
         let now = Instant::now();
         assert!(
-            !f.wants_check(now + Duration::from_secs(31)),
+            !f.wants_check(now + Duration::from_secs(31), true),
             "nothing below the start"
         );
         f.advanced(Some(at(5, 5)), 1, now);
         f.begin(1);
-        assert!(!f.wants_check(now), "not yet");
+        assert!(!f.wants_check(now, true), "not yet");
         let later = now + Duration::from_secs(31);
-        assert!(f.wants_check(later));
-        assert!(!f.wants_check(later), "once per period");
+        assert!(f.wants_check(later, true));
+        assert!(!f.wants_check(later, true), "once per period");
+        assert!(
+            !f.wants_check(later + Duration::from_millis(999), false),
+            "nothing parked: once a second"
+        );
+        assert!(f.wants_check(later + UNPARKED_CHECK_EVERY, false));
+        assert!(
+            !f.wants_check(later + Duration::from_secs(2), true),
+            "parked again: the long period"
+        );
         f.pull_back(at(2, 2));
         assert!(f.position() < at(2, 2));
         f.reset();

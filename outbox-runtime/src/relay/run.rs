@@ -253,9 +253,7 @@ impl Relay {
         let (effects, waiting) = self.run_lane_once(lane, floor).await?;
         let now = Instant::now();
         effects.pause(self, now);
-        for position in &effects.released {
-            floor.pull_back(*position);
-        }
+        effects.apply(floor);
         let r = effects.report;
         let outcome = if r.published > 0 || r.held > 0 {
             Outcome::Published

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::claim::{ctids, subjects};
+use super::floor::Floor;
 use super::position::Position;
 use super::publish::{HoldCause, Settled};
 use super::row::Row;
@@ -34,6 +35,9 @@ pub(super) struct Effects {
     pub(super) published: Vec<String>,
     /// Seconds until the earliest retry is due, on the database's clock.
     pub(super) next_retry: Option<f64>,
+    /// Where the lane's floor moves: the batch published every unpublished row of the lane up
+    /// to there ([`Claim::cleared`](super::claim::Claim)).
+    pub(super) cleared: Option<Position>,
 }
 
 impl Effects {
@@ -69,6 +73,18 @@ impl Effects {
             cut,
             published,
             next_retry,
+            cleared: None,
+        }
+    }
+
+    /// Moves `floor` as the batch allows: back before each published parked head, or on to
+    /// the end of the rows it cleared.
+    pub(super) fn apply(&self, floor: &mut Floor) {
+        for position in &self.released {
+            floor.pull_back(*position);
+        }
+        if let Some(to) = self.cleared {
+            floor.cleared(to);
         }
     }
 

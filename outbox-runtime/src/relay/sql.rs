@@ -89,7 +89,10 @@ macro_rules! after_floor {
 
 /// The batch transaction's own settings and what the batch needs to know first: whether any
 /// subject is parked, whether a retry is due now, when the next one comes due (seconds from now, on the database's
-/// clock), and the snapshot's bounds (for the floor). `$1`: statement and lock timeout,
+/// clock), the snapshot's bounds (for the floor), and when the oldest transaction running on
+/// the database began, if this session can see every other one (no `<insufficient
+/// privilege>` row, no session with `track_activities` off): a row a running or later
+/// transaction commits has a `created_at` at or after it. `$1`: statement and lock timeout,
 /// `$2`: idle-in-transaction timeout, both in milliseconds.
 pub(super) const SETTINGS: &str = "\
 select set_config('synchronous_commit', 'off', true),
@@ -103,7 +106,10 @@ select set_config('synchronous_commit', 'off', true),
        exists (select 1 from outbox_retries where retry_at <= now()) as due,
        extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry,
        pg_snapshot_xmin(pg_current_snapshot())::text as xmin,
-       pg_snapshot_xmax(pg_current_snapshot())::text as xmax";
+       pg_snapshot_xmax(pg_current_snapshot())::text as xmax,
+       (select case when bool_and(a.backend_type is not null and a.state is distinct from 'disabled')
+                    then min(a.xact_start) end
+          from pg_stat_activity a where a.datname = current_database()) as oldest";
 
 /// The columns of a claimed row, in [`Row::decode`](super::row::Row::decode)'s order; `traced`
 /// adds the trace context of migration 0007 (a table without it is claimed without them).

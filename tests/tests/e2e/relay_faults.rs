@@ -685,3 +685,251 @@ async fn fifty_thousand_held_subjects_cost_a_steady_stream_nothing() {
     running.await.unwrap();
     ctx.delete_stream().await;
 }
+
+/// `(idx_scan, blocks hit and read)` of migration 0010's unpublished index, which the claims
+/// read: how many range scans the relay's statements made of it, and how many of its pages.
+async fn partition_index_pages(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "select s.idx_scan, io.idx_blks_hit + io.idx_blks_read \
+           from pg_stat_user_indexes s join pg_statio_user_indexes io using (indexrelid) \
+          where s.indexrelname = 'outbox_events_unpublished_partition_idx'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("the index's statistics")
+}
+
+/// A lane's floor follows the rows it publishes: once a backlog is drained, the lane's
+/// statements start after it and do not walk its entries, left in the unpublished indexes
+/// until a vacuum, at every batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_backlogs_index_entries_are_not_walked_again_at_every_batch() {
+    const BACKLOG: i64 = 20_000;
+    const AFTER: i64 = 200;
+    // Postgres flushes a backend's statistics at most every second, an idle one's after 10 s
+    const STATS_FLUSH: Duration = Duration::from_secs(11);
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    // the dead entries stay for the whole test
+    sqlx::query("alter table outbox_events set (autovacuum_enabled = false)")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let event_type = ctx.event_type("ledger.entry.posted");
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+         select gen_random_uuid(), $1, 'backfill', 'acct-' || (g % 500), now(), '{}'::jsonb, \
+                now() + g * interval '1 microsecond' \
+           from generate_series(1, $2) g",
+    )
+    .bind(&event_type)
+    .bind(BACKLOG)
+    .execute(ctx.pool())
+    .await
+    .unwrap();
+    let relay = relay(&ctx, RelayConfig::default()).await;
+    let (stop, running) = run_relay(relay.clone());
+    eventually(Duration::from_secs(60), "the backlog published", || async {
+        ctx.db.unpublished().await == 0
+    })
+    .await;
+    tokio::time::sleep(STATS_FLUSH).await;
+    let before = partition_index_pages(ctx.pool()).await;
+
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
+    for n in 0..AFTER {
+        emit_committed(
+            ctx.pool(),
+            &schemas,
+            raw_event(&event_type, "ledger", format!("acct-{}", n % 50)).numbered(n),
+        )
+        .await;
+    }
+    eventually(
+        Duration::from_secs(30),
+        "every later event published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    tokio::time::sleep(STATS_FLUSH).await;
+    let after = partition_index_pages(ctx.pool()).await;
+    let (scans, pages) = (after.0 - before.0, after.1 - before.1);
+    let backlog_pages: i64 = sqlx::query_scalar(
+        "select (pg_relation_size('outbox_events_unpublished_partition_idx') / 8192)::int8",
+    )
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap();
+    eprintln!(
+        "{AFTER} events after a drained backlog of {BACKLOG}: {scans} scans of the partition index read {pages} pages ({:.1} per scan; the index has {backlog_pages})",
+        pages as f64 / scans.max(1) as f64
+    );
+    assert!(scans > 0, "the relay scanned the index");
+    assert!(
+        backlog_pages > 50,
+        "the drained backlog left {backlog_pages} pages of entries: too few to tell"
+    );
+    assert!(
+        pages / scans.max(1) < 10,
+        "the relay's statements walked the drained backlog's entries again: {pages} pages in {scans} scans"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    ctx.delete_stream().await;
+}
+
+/// A transaction begins, a backlog written after it is drained by a relay of one lane on
+/// `relay_pool`, then the transaction writes a row with the column default `created_at` (its
+/// start, older than every backlog row), notifies and commits: the row must go out at once,
+/// not at the lane's look below its floor (every `6 * poll_interval`, a minute here).
+async fn an_older_transactions_row_after_a_drain(ctx: &Ctx, relay_pool: PgPool) {
+    let event_type = ctx.event_type("ledger.entry.posted");
+    let mut older = ctx.pool().begin().await.unwrap();
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("select now()")
+        .fetch_one(&mut *older)
+        .await
+        .unwrap();
+    let backlog = insert_ordered(ctx.pool(), &event_type, "acct-1", 2_000).await;
+    let config = RelayConfig {
+        poll_interval: Duration::from_secs(10),
+        // one lane: the backlog's floor is the one the later row meets
+        lanes: 1,
+        ..RelayConfig::default()
+    };
+    let relay = Arc::new(
+        Relay::new(relay_pool, ctx.js.clone(), config)
+            .await
+            .expect("relay"),
+    );
+    let (stop, running) = run_relay(relay.clone());
+    eventually(Duration::from_secs(30), "the backlog published", || async {
+        published(ctx.pool(), &backlog).await == backlog.len() as i64
+    })
+    .await;
+    let id: Uuid = sqlx::query_scalar(
+        "insert into outbox_events (id, event_type, source, subject, time, data) \
+         values (gen_random_uuid(), $1, 'by-hand', 'acct-2', now(), '{}') returning id",
+    )
+    .bind(&event_type)
+    .fetch_one(&mut *older)
+    .await
+    .unwrap();
+    let created: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("select created_at from outbox_events where id = $1")
+            .bind(id)
+            .fetch_one(&mut *older)
+            .await
+            .unwrap();
+    assert_eq!(
+        created, started,
+        "the row's created_at is its transaction's start"
+    );
+    sqlx::query("select pg_notify($1, '')")
+        .bind(outbox_runtime::NOTIFY_CHANNEL)
+        .execute(&mut *older)
+        .await
+        .unwrap();
+    older.commit().await.unwrap();
+    // well before the poll (10 s) and the look below the floor (60 s)
+    eventually(
+        Duration::from_secs(5),
+        "the older transaction's row published once it commits",
+        || async { published(ctx.pool(), &[id]).await == 1 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+}
+
+/// The floor never passes a transaction that was running when the batch that moved it began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_older_than_a_drained_backlog_is_published_when_it_commits() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let pool = ctx.db.new_pool(RelayConfig::default().pool_size()).await;
+    an_older_transactions_row_after_a_drain(&ctx, pool).await;
+    ctx.delete_stream().await;
+}
+
+/// The same, with the relay on a role that cannot see the other role's sessions (no
+/// `pg_read_all_stats`): not knowing when they began, its floors stay where they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_cannot_see_every_session_does_not_pass_an_older_transaction() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let role = format!("relay_{}", unique_token().to_lowercase());
+    for statement in [
+        format!("create role {role} login"),
+        format!("grant all on all tables in schema public to {role}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(ctx.pool())
+            .await
+            .unwrap();
+    }
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(RelayConfig::default().pool_size())
+        .connect_with(ctx.db.options.clone().username(&role))
+        .await
+        .expect("connect as the relay's role");
+    let hidden: i64 = sqlx::query_scalar(
+        "select count(*) from pg_stat_activity \
+          where datname = current_database() and backend_type is null",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        hidden > 0,
+        "the relay's role sees every session: nothing is tested"
+    );
+    an_older_transactions_row_after_a_drain(&ctx, pool.clone()).await;
+    pool.close().await;
+    for statement in [format!("drop owned by {role}"), format!("drop role {role}")] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(ctx.pool())
+            .await
+            .unwrap();
+    }
+    ctx.delete_stream().await;
+}
+
+/// A row set unpublished again by hand (as an operator might, or as a Postgres crash that
+/// forgot a batch's marks leaves it) lies behind the lane's floor once a backlog has been
+/// drained: with no subject parked the lane looks there every second, so it goes out within
+/// the fallback poll, not at the long look of `6 * poll_interval` (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_set_unpublished_by_hand_behind_the_floor_goes_out_within_the_poll() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("ledger.entry.posted");
+    let backlog = insert_ordered(ctx.pool(), &event_type, "acct-1", 2_000).await;
+    let relay = relay(
+        &ctx,
+        RelayConfig {
+            lanes: 1,
+            ..RelayConfig::default()
+        },
+    )
+    .await;
+    let (stop, running) = run_relay(relay.clone());
+    eventually(Duration::from_secs(30), "the backlog published", || async {
+        published(ctx.pool(), &backlog).await == backlog.len() as i64
+    })
+    .await;
+    let first = backlog[0];
+    sqlx::query("update outbox_events set published_at = null where id = $1")
+        .bind(first)
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(12),
+        "the row set unpublished by hand published again",
+        || async { published(ctx.pool(), &[first]).await == 1 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    ctx.delete_stream().await;
+}
