@@ -1,5 +1,5 @@
 //! [`Claim`]: one batch's transaction, from the claim of its rows to their marks and the
-//! commit (docs/relay.md, *One batch*, *Order* and *Parked subjects*).
+//! commit (docs/relay.md, *One batch*, *Order* and *Parked subjects, and the floor*).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -51,7 +51,8 @@ pub struct Claim<'r> {
     /// Whether the claim holds every unpublished row of the lane from the floor to its last
     /// row (step 4's count), nothing cut.
     exact: bool,
-    /// When the oldest transaction running on the database began ([`Start::oldest`]).
+    /// When the oldest transaction running on the database began, at the lane's last reading
+    /// ([`Floor::oldest`]).
     oldest: Option<DateTime<Utc>>,
     /// The floor to move back when a parked head is published, for claims made through
     /// [`Relay::claim`] (a lane applies its batch's effects itself).
@@ -85,7 +86,7 @@ struct Start {
     xmin: u64,
     xmax: u64,
     /// When the oldest transaction running on the database began, if this session sees them
-    /// all ([`SETTINGS`](sql::SETTINGS)).
+    /// all and it was asked for ([`SETTINGS`](sql::SETTINGS)).
     oldest: Option<DateTime<Utc>>,
 }
 
@@ -101,8 +102,12 @@ impl<'r> Claim<'r> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
             let mut tx = Tx::begin(&relay.pool).await?;
-            let start = settings(&mut tx, relay).await?;
+            let read_oldest = floor.wants_oldest(Instant::now());
+            let start = settings(&mut tx, relay, read_oldest).await?;
             let now = Instant::now();
+            if read_oldest {
+                floor.read_oldest(start.oldest, now);
+            }
             floor.begin(start.xmin);
             let paused = relay.paused(now);
             if floor.wants_check(now, start.parked) {
@@ -114,7 +119,7 @@ impl<'r> Claim<'r> {
             }
             if floor.wants_advance(now, start.parked) {
                 let to = advance(&mut tx, relay, lane, floor.position(), &paused).await?;
-                let to = to.map(|to| behind_oldest(to, start.oldest));
+                let to = to.map(|to| behind_oldest(to, floor.oldest()));
                 floor.advanced(to, start.xmax, now);
             }
             let mut claim = Claim {
@@ -131,7 +136,7 @@ impl<'r> Claim<'r> {
                 next_retry: start.next_retry,
                 passed: false,
                 exact: false,
-                oldest: start.oldest,
+                oldest: floor.oldest(),
                 shared_floor,
             };
             if start.due {
@@ -450,7 +455,7 @@ impl<'r> Claim<'r> {
 }
 
 /// [`SETTINGS`](sql::SETTINGS): the batch's own settings, and what it needs to know first.
-async fn settings(tx: &mut Tx, relay: &Relay) -> Result<Start> {
+async fn settings(tx: &mut Tx, relay: &Relay, read_oldest: bool) -> Result<Start> {
     let statement_ms = STATEMENT_TIMEOUT.as_millis().to_string();
     let idle_ms = relay
         .config
@@ -462,6 +467,7 @@ async fn settings(tx: &mut Tx, relay: &Relay) -> Result<Start> {
         sqlx::query(sql::SETTINGS)
             .bind(statement_ms)
             .bind(idle_ms)
+            .bind(read_oldest)
             .fetch_one(tx.conn()),
     )
     .await?;

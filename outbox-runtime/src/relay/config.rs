@@ -150,8 +150,8 @@ impl RelayConfig {
         self.ack_timeout + self.backoff_max + LOOP_BACKOFF_MAX + super::tx::STATEMENT_TIMEOUT
     }
 
-    /// How often a lane looks below its floor for a row that appeared there (docs/relay.md,
-    /// *Parked subjects*).
+    /// How often a lane looks below its floor for a row that appeared there while subjects
+    /// are parked; every second otherwise (docs/relay.md, *Parked subjects, and the floor*).
     pub(crate) fn floor_check(&self) -> Duration {
         self.poll_interval.saturating_mul(6)
     }

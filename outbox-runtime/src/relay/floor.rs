@@ -1,16 +1,23 @@
 //! A lane's floor: the position at or before which every unpublished row of the lane is
 //! parked (its subject held or backing off), so that the lane's statements start after it and
-//! read neither the parked rows nor the index entries of rows published since, at every batch
-//! (docs/relay.md, *Parked subjects*).
+//! read neither the parked rows nor the index entries of rows published since, at every batch.
+//! It moves behind the rows the lane publishes and over a leading run of parked rows, and back
+//! before a row that appears below it (docs/relay.md, *Parked subjects, and the floor*).
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::position::Position;
 
 /// How often a lane advances its floor while subjects are parked.
 const ADVANCE_EVERY: Duration = Duration::from_millis(100);
+/// How often a lane reads when the oldest running transaction began (the bound of a floor that
+/// follows the published rows). An older reading is a valid bound for a later batch (every
+/// transaction running at the later batch began before the earlier reading or after it), so a
+/// reading this old only keeps the floor up to this far behind.
+const OLDEST_EVERY: Duration = Duration::from_millis(200);
 /// How often a lane looks below its floor while no subject is parked: what lies there then is
 /// published rows' entries, cheap to pass, and a row set unpublished again by hand (or whose
 /// mark a Postgres crash forgot) goes out within this.
@@ -40,6 +47,10 @@ pub(super) struct Floor {
     /// are parked ([`UNPARKED_CHECK_EVERY`] otherwise).
     check_every: Duration,
     last_check: Instant,
+    /// When the oldest transaction running on the database began, at the last reading (`None`:
+    /// unknown, the floor does not follow the published rows), and when that reading was.
+    oldest: Option<DateTime<Utc>>,
+    oldest_read: Option<Instant>,
 }
 
 impl Floor {
@@ -52,6 +63,8 @@ impl Floor {
             passed: true,
             check_every,
             last_check: Instant::now(),
+            oldest: None,
+            oldest_read: None,
         }
     }
 
@@ -92,6 +105,23 @@ impl Floor {
         if let Some(to) = to.filter(|to| *to > self.at) {
             self.pending = Some(Pending { to, xmax });
         }
+    }
+
+    /// Whether the batch should read when the oldest running transaction began: never read,
+    /// or [`OLDEST_EVERY`] ago.
+    pub(super) fn wants_oldest(&self, now: Instant) -> bool {
+        self.oldest_read.is_none_or(|t| now >= t + OLDEST_EVERY)
+    }
+
+    /// What the reading found (read just before the batch's claim).
+    pub(super) fn read_oldest(&mut self, oldest: Option<DateTime<Utc>>, now: Instant) {
+        self.oldest = oldest;
+        self.oldest_read = Some(now);
+    }
+
+    /// The last reading of when the oldest running transaction began.
+    pub(super) fn oldest(&self) -> Option<DateTime<Utc>> {
+        self.oldest
     }
 
     /// A batch held and published every unpublished row of the lane from the floor to `to`
@@ -156,6 +186,30 @@ mod tests {
 
     fn floor() -> Floor {
         Floor::new(Duration::from_secs(30))
+    }
+
+    #[test]
+    fn the_oldest_transaction_is_read_now_and_then_and_kept_between() {
+        let mut f = floor();
+        let now = Instant::now();
+        assert!(f.wants_oldest(now), "never read");
+        assert_eq!(f.oldest(), None, "unknown until read");
+        let t = Utc.timestamp_opt(10, 0).unwrap();
+        f.read_oldest(Some(t), now);
+        assert!(!f.wants_oldest(now + OLDEST_EVERY / 2));
+        assert_eq!(f.oldest(), Some(t), "kept between readings");
+        assert!(f.wants_oldest(now + OLDEST_EVERY));
+        f.read_oldest(None, now + OLDEST_EVERY);
+        assert_eq!(
+            f.oldest(),
+            None,
+            "a reading that could not see every session"
+        );
+        f.reset();
+        assert!(
+            !f.wants_oldest(now + OLDEST_EVERY),
+            "a reset keeps the reading"
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@ use crate::error::Result;
 use crate::table::OUTBOX_RETRIES;
 
 /// The batch transaction's settings (`$1` statement and lock timeout, `$2` idle timeout, in
-/// milliseconds as text) and the main claim (`$1` limit, `$2` partitions, `$3` lanes, `$4`
+/// milliseconds as text, `$3` whether to read the oldest running transaction's start) and the main claim (`$1` limit, `$2` partitions, `$3` lanes, `$4`
 /// lane, `$5` [`LOCK_NAMESPACE`], `$6`/`$7` the floor, `$8` paused subjects), verbatim. Shown
 /// for the tests that check the claim's plan.
 #[doc(hidden)]

@@ -89,11 +89,12 @@ macro_rules! after_floor {
 
 /// The batch transaction's own settings and what the batch needs to know first: whether any
 /// subject is parked, whether a retry is due now, when the next one comes due (seconds from now, on the database's
-/// clock), the snapshot's bounds (for the floor), and when the oldest transaction running on
-/// the database began, if this session can see every other one (no `<insufficient
+/// clock), the snapshot's bounds (for the floor), and, when `$3`, when the oldest transaction
+/// running on the database began, if this session can see every other one (no `<insufficient
 /// privilege>` row, no session with `track_activities` off): a row a running or later
-/// transaction commits has a `created_at` at or after it. `$1`: statement and lock timeout,
-/// `$2`: idle-in-transaction timeout, both in milliseconds.
+/// transaction commits has a `created_at` at or after it (reading `pg_stat_activity` costs
+/// a few microseconds per session, so a lane reads it now and then). `$1`: statement and lock
+/// timeout, `$2`: idle-in-transaction timeout, both in milliseconds.
 pub(super) const SETTINGS: &str = "\
 select set_config('synchronous_commit', 'off', true),
        set_config('enable_seqscan', 'off', true),
@@ -107,9 +108,10 @@ select set_config('synchronous_commit', 'off', true),
        extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry,
        pg_snapshot_xmin(pg_current_snapshot())::text as xmin,
        pg_snapshot_xmax(pg_current_snapshot())::text as xmax,
-       (select case when bool_and(a.backend_type is not null and a.state is distinct from 'disabled')
-                    then min(a.xact_start) end
-          from pg_stat_activity a where a.datname = current_database()) as oldest";
+       case when $3 then
+         (select case when bool_and(a.backend_type is not null and a.state is distinct from 'disabled')
+                      then min(a.xact_start) end
+            from pg_stat_activity a where a.datname = current_database()) end as oldest";
 
 /// The columns of a claimed row, in [`Row::decode`](super::row::Row::decode)'s order; `traced`
 /// adds the trace context of migration 0007 (a table without it is claimed without them).
@@ -269,7 +271,7 @@ pub(super) const WAITING: &str = concat!(
 /// Where the lane's floor (`$4`, `$5`) may move: its first claimable row after the floor
 /// (neither parked nor paused, `$6`), if any, and the instant a second before this statement
 /// (the floor stays behind both). One range of the unpublished index, read once (docs/relay.md,
-/// *Parked subjects*). `$1`-`$3`: the lane.
+/// *Parked subjects, and the floor*). `$1`-`$3`: the lane.
 pub(super) const ADVANCE: &str = concat!(
     "select f.created_at, f.id, statement_timestamp() - interval '1 second' as settled",
     "  from (select 1) as one",

@@ -546,6 +546,7 @@ async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
     sqlx::query(outbox_runtime::relay::BATCH_SETTINGS)
         .bind("5000")
         .bind("10000")
+        .bind(false)
         .execute(&mut *tx)
         .await
         .unwrap();
