@@ -282,21 +282,11 @@ pub async fn drain(
     start: Start,
     fill: impl std::future::Future<Output = ()>,
 ) -> f64 {
+    // cold: the backlog is there before the relays start; warm: written once they settled
+    let mut fill = Some(fill);
     if start == Start::Cold {
-        fill.await;
-        return run_relays(db, stream, relays, events, None).await;
+        fill.take().expect("the backlog is written once").await;
     }
-    run_relays(db, stream, relays, events, Some(Box::pin(fill))).await
-}
-
-/// The relays of [`drain`]: with `fill`, started and settled first, then woken after it.
-async fn run_relays(
-    db: &TestDb,
-    stream: &BenchStream,
-    relays: usize,
-    events: i64,
-    fill: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>>,
-) -> f64 {
     let mut started_relays = Vec::with_capacity(relays);
     for _ in 0..relays {
         let client = common::connect_nats().await;

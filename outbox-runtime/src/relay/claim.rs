@@ -51,9 +51,6 @@ pub struct Claim<'r> {
     /// Whether the claim holds every unpublished row of the lane from the floor to its last
     /// row (step 4's count), nothing cut.
     exact: bool,
-    /// When the oldest transaction running on the database began, at the lane's last reading
-    /// ([`Floor::oldest`]).
-    oldest: Option<DateTime<Utc>>,
     /// The floor to move back when a parked head is published, for claims made through
     /// [`Relay::claim`] (a lane applies its batch's effects itself).
     shared_floor: Option<&'r tokio::sync::Mutex<Floor>>,
@@ -119,7 +116,7 @@ impl<'r> Claim<'r> {
             }
             if floor.wants_advance(now, start.parked) {
                 let to = advance(&mut tx, relay, lane, floor.position(), &paused).await?;
-                let to = to.map(|to| behind_oldest(to, floor.oldest()));
+                let to = to.map(|to| floor.behind_oldest(to));
                 floor.advanced(to, start.xmax, now);
             }
             let mut claim = Claim {
@@ -136,7 +133,6 @@ impl<'r> Claim<'r> {
                 next_retry: start.next_retry,
                 passed: false,
                 exact: false,
-                oldest: floor.oldest(),
                 shared_floor,
             };
             if start.due {
@@ -204,7 +200,6 @@ impl<'r> Claim<'r> {
         self.passed = !full;
         let last = rows.last().map(|r| r.position);
         let mut cut = self.cut_holes(&mut rows).await?;
-        self.exact = self.exact && cut.is_empty();
         if full && !cut.is_empty() {
             self.paused.extend(cut.iter().cloned());
             let room = limit - rows.len();
@@ -212,6 +207,7 @@ impl<'r> Claim<'r> {
             rows.append(&mut more);
             cut.extend(self.cut_holes(&mut rows).await?);
         }
+        self.exact &= cut.is_empty();
         if !cut.is_empty() && rows.is_empty() && self.due == 0 {
             metrics::counter!(crate::metrics::CUT_BATCHES).increment(1);
             tracing::warn!(
@@ -420,21 +416,14 @@ impl<'r> Claim<'r> {
         Ok(effects)
     }
 
-    /// Where the lane's floor may move once this batch commits with `settled`: to its last row,
-    /// when it held every unpublished row of the lane from the floor to there (no due head,
-    /// nothing cut) and every one was acknowledged, but never past the start of the oldest
-    /// transaction running when the batch began, whose rows (and every later transaction's)
-    /// have a `created_at` at or after it. `None` when this session cannot see every other.
+    /// The last row of a batch that held every unpublished row of the lane from the floor to
+    /// there (no due head, nothing cut) and had every one acknowledged: the lane's floor may
+    /// follow it ([`Floor::cleared`]).
     fn cleared(&self, settled: &Settled) -> Option<Position> {
-        if !self.exact || self.due > 0 || self.rows.is_empty() {
+        if !self.exact || self.due > 0 || settled.acked.len() != self.rows.len() {
             return None;
         }
-        if settled.acked.len() != self.rows.len() {
-            return None;
-        }
-        let oldest = self.oldest?;
-        let last = self.rows.iter().map(|r| r.position).max()?;
-        Some(behind_oldest(last, Some(oldest)))
+        self.rows.iter().map(|r| r.position).max()
     }
 
     /// Rolls the claim back without publishing: its rows and subjects are free for the next
@@ -481,21 +470,6 @@ async fn settings(tx: &mut Tx, relay: &Relay, read_oldest: bool) -> Result<Start
         xmax: xid(row.try_get("xmax").map_err(get)?),
         oldest: row.try_get("oldest").map_err(get)?,
     })
-}
-
-/// `to`, or the position just before `oldest` when that is earlier: no floor passes the
-/// start of a transaction that was running when its batch began.
-fn behind_oldest(to: Position, oldest: Option<DateTime<Utc>>) -> Position {
-    match oldest {
-        Some(oldest) => to.min(
-            Position {
-                at: Stamp::At(oldest),
-                id: Uuid::nil(),
-            }
-            .before(),
-        ),
-        None => to,
-    }
 }
 
 /// [`ADVANCE`](sql::ADVANCE): where the lane's floor may move.

@@ -9,7 +9,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use super::position::Position;
+use uuid::Uuid;
+
+use super::position::{Position, Stamp};
 
 /// How often a lane advances its floor while subjects are parked.
 const ADVANCE_EVERY: Duration = Duration::from_millis(100);
@@ -119,15 +121,30 @@ impl Floor {
         self.oldest_read = Some(now);
     }
 
-    /// The last reading of when the oldest running transaction began.
-    pub(super) fn oldest(&self) -> Option<DateTime<Utc>> {
-        self.oldest
+    /// `to`, or the position just before the last reading of the oldest running transaction's
+    /// start when that is earlier: no floor passes the start of a transaction that was running
+    /// when the batch that moves it began (the reading was made before its claim).
+    pub(super) fn behind_oldest(&self, to: Position) -> Position {
+        match self.oldest {
+            Some(oldest) => to.min(Position {
+                at: Stamp::At(oldest),
+                id: Uuid::nil(),
+            }),
+            None => to,
+        }
     }
 
-    /// A batch held and published every unpublished row of the lane from the floor to `to`
-    /// (which stays behind the oldest transaction running when it began): the floor moves
-    /// there at once, and a candidate not beyond it is dropped.
-    pub(super) fn cleared(&mut self, to: Position) {
+    /// A batch held and published every unpublished row of the lane from the floor to `last`:
+    /// the floor moves there at once, but never past the start of the oldest transaction
+    /// running when the batch began ([`behind_oldest`](Self::behind_oldest)), whose rows, and
+    /// every later transaction's, have a `created_at` at or after it; not at all while that
+    /// start is unknown (this session cannot see every other). A candidate not beyond it is
+    /// dropped.
+    pub(super) fn cleared(&mut self, last: Position) {
+        if self.oldest.is_none() {
+            return;
+        }
+        let to = self.behind_oldest(last);
         if to > self.at {
             self.at = to;
             if self.pending.is_some_and(|p| p.to <= to) {
@@ -193,18 +210,14 @@ mod tests {
         let mut f = floor();
         let now = Instant::now();
         assert!(f.wants_oldest(now), "never read");
-        assert_eq!(f.oldest(), None, "unknown until read");
+        assert_eq!(f.oldest, None, "unknown until read");
         let t = Utc.timestamp_opt(10, 0).unwrap();
         f.read_oldest(Some(t), now);
         assert!(!f.wants_oldest(now + OLDEST_EVERY / 2));
-        assert_eq!(f.oldest(), Some(t), "kept between readings");
+        assert_eq!(f.oldest, Some(t), "kept between readings");
         assert!(f.wants_oldest(now + OLDEST_EVERY));
         f.read_oldest(None, now + OLDEST_EVERY);
-        assert_eq!(
-            f.oldest(),
-            None,
-            "a reading that could not see every session"
-        );
+        assert_eq!(f.oldest, None, "a reading that could not see every session");
         f.reset();
         assert!(
             !f.wants_oldest(now + OLDEST_EVERY),
@@ -216,6 +229,8 @@ mod tests {
     fn a_cleared_batch_moves_the_floor_on_at_once_and_never_back() {
         let mut f = floor();
         let now = Instant::now();
+        // a reading after every position of the test: it bounds nothing
+        f.read_oldest(Some(Utc.timestamp_opt(1_000, 0).unwrap()), now);
         f.advanced(Some(at(2, 2)), 100, now);
         f.cleared(at(3, 1));
         assert_eq!(f.position(), at(3, 1), "no settling: the batch began after");

@@ -79,6 +79,11 @@ async fn published(pool: &PgPool, ids: &[Uuid]) -> i64 {
 
 async fn relay(ctx: &Ctx, config: RelayConfig) -> Arc<Relay> {
     let pool = ctx.db.new_pool(config.pool_size()).await;
+    relay_on(ctx, pool, config).await
+}
+
+/// A relay on `pool` (another role's connections, say) and the test's stream.
+async fn relay_on(ctx: &Ctx, pool: PgPool, config: RelayConfig) -> Arc<Relay> {
     Arc::new(
         Relay::new(pool, ctx.js.clone(), config)
             .await
@@ -796,11 +801,7 @@ async fn an_older_transactions_row_after_a_drain(ctx: &Ctx, relay_pool: PgPool) 
         lanes: 1,
         ..RelayConfig::default()
     };
-    let relay = Arc::new(
-        Relay::new(relay_pool, ctx.js.clone(), config)
-            .await
-            .expect("relay"),
-    );
+    let relay = relay_on(ctx, relay_pool, config).await;
     let (stop, running) = run_relay(relay.clone());
     eventually(Duration::from_secs(30), "the backlog published", || async {
         published(ctx.pool(), &backlog).await == backlog.len() as i64
