@@ -249,6 +249,11 @@ pub struct PruneArgs {
     /// Rows per delete statement (at least 1).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
     batch_size: i64,
+    /// The share of the run's time spent in delete statements, in percent (1 to 100): after
+    /// each full batch it waits so that deletes leave the database to the relay the rest of
+    /// the time. 100 deletes without pausing.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=100))]
+    busy_percent: u8,
     /// Only count what would be deleted.
     #[arg(long)]
     dry_run: bool,
@@ -583,7 +588,8 @@ async fn prune(args: PruneArgs) -> Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let n = outbox_runtime::retention::prune_published(&pool, keep, args.batch_size).await?;
+    let (batch, busy) = (args.batch_size, args.busy_percent);
+    let n = outbox_runtime::retention::prune_published_paced(&pool, keep, batch, busy).await?;
     println!(
         "deleted {n} published row(s) older than {}h",
         args.keep_hours
@@ -591,7 +597,7 @@ async fn prune(args: PruneArgs) -> Result<ExitCode> {
     if let Some(h) = args.keep_dedupe_hours {
         let keep = Duration::try_from_secs_f64(h * 3600.0)
             .map_err(|_| CliError::msg("--keep-dedupe-hours must be a non-negative number"))?;
-        let n = outbox_runtime::retention::prune_dedupe(&pool, keep, args.batch_size).await?;
+        let n = outbox_runtime::retention::prune_dedupe_paced(&pool, keep, batch, busy).await?;
         println!("deleted {n} dedupe row(s) older than {h}h");
     }
     Ok(ExitCode::SUCCESS)

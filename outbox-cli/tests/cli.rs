@@ -1476,8 +1476,31 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
         out.stderr
     );
     assert_eq!(remaining().await, all, "a refused prune deletes nothing");
+    // so is a busy share outside 1 to 100 percent
+    for bad in ["0", "101"] {
+        let out = run(["prune", "--database-url", &url, "--busy-percent", bad]).await;
+        out.expect_code(2).assert_clean();
+        assert!(
+            out.stderr.contains(&format!("'{bad}'")) && out.stderr.contains("--busy-percent"),
+            "names the flag and the value:\n{}",
+            out.stderr
+        );
+    }
+    assert_eq!(remaining().await, all, "a refused prune deletes nothing");
 
-    let out = run(["prune", "--database-url", &url, "--keep-hours", "1"]).await;
+    // one row a statement, paced: the pauses between full batches lose nothing
+    let out = run([
+        "prune",
+        "--database-url",
+        &url,
+        "--keep-hours",
+        "1",
+        "--batch-size",
+        "1",
+        "--busy-percent",
+        "50",
+    ])
+    .await;
     out.expect_code(0).assert_clean();
     assert_eq!(
         out.stdout.trim(),

@@ -6,6 +6,18 @@
 //! never waits on (or blocks) a relay. Unpublished rows are never retention material: they are
 //! an incident, and they show in [`crate::status`].
 //!
+//! # Pace
+//!
+//! A deleted row costs the database more than a published one: on a table whose expired rows
+//! lie scattered, each dirties a page of its own. A pass that deleted as fast as it could
+//! would take a draining relay's share of the database, at the moment the relay matters most
+//! (catching up after an outage). So a [`Retention`] pass spends at most
+//! [`RetentionConfig::busy_percent`] of its time in statements (10% by default) and waits
+//! between them, as Postgres's cost-based vacuum delay does. At the default, one retention task
+//! deletes a few thousand rows a second on a large, scattered table (docs/performance.md):
+//! raise the share when the service publishes more than that for hours on end, and keep one
+//! retention task per database (each one takes its own share).
+//!
 //! # Sizing
 //!
 //! Keep published rows at least as long as the slowest consumer's redelivery window plus the
@@ -24,7 +36,7 @@ use crate::metrics as m;
 use crate::table::{DEDUPE_HORIZON, OUTBOX_CONSUMED, OUTBOX_EVENTS};
 
 /// Retention settings (defaults: keep 7 days of published rows and 14 days of dedupe rows,
-/// delete 1,000 rows per statement, run every minute).
+/// delete 1,000 rows per statement, busy at most 10% of a pass's time, a pass every minute).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionConfig {
     /// Published rows older than this (by `published_at`) are deleted.
@@ -35,6 +47,11 @@ pub struct RetentionConfig {
     pub batch_size: i64,
     /// Pause between runs of [`Retention::run`].
     pub interval: Duration,
+    /// The share of a pass's time spent in delete statements, in percent (1 to 100): after a
+    /// statement that deleted a full batch, the pass waits `(100 - busy_percent) /
+    /// busy_percent` times as long as the statement took (at 10, a 30 ms statement is followed
+    /// by 270 ms without one). 100 deletes without pausing. See *Pace* in the module docs.
+    pub busy_percent: u8,
     /// How long the slowest consumer may take to ask for a redelivery (its ack wait times its
     /// max deliveries, typically). Used by [`RetentionConfig::check`].
     pub redelivery_window: Duration,
@@ -49,6 +66,7 @@ impl Default for RetentionConfig {
             keep_dedupe: Some(Duration::from_secs(14 * 24 * 3600)),
             batch_size: 1_000,
             interval: Duration::from_secs(60),
+            busy_percent: 10,
             redelivery_window: Duration::from_secs(3600),
             max_outage: Duration::from_secs(3 * 24 * 3600),
         }
@@ -57,7 +75,7 @@ impl Default for RetentionConfig {
 
 impl RetentionConfig {
     /// Checks the sizing rule: published rows outlive the redelivery window plus the outage,
-    /// dedupe rows outlive published rows, batches are positive.
+    /// dedupe rows outlive published rows, batches are positive, the busy share is 1 to 100.
     ///
     /// ```
     /// use std::time::Duration;
@@ -85,7 +103,8 @@ impl RetentionConfig {
                 )));
             }
         }
-        check_batch(self.batch_size)
+        check_batch(self.batch_size)?;
+        check_busy(self.busy_percent)
     }
 }
 
@@ -108,6 +127,22 @@ fn check_batch(batch: i64) -> Result<()> {
     Ok(())
 }
 
+fn check_busy(percent: u8) -> Result<()> {
+    if !(1..=100).contains(&percent) {
+        return Err(Error::Config(format!(
+            "the prune's busy share (busy_percent) must be 1 to 100 percent, got {percent}"
+        )));
+    }
+    Ok(())
+}
+
+/// How long a pass busy at most `percent` of its time waits after a statement that took
+/// `statement`.
+fn pause_after(statement: Duration, percent: u8) -> Duration {
+    let percent = u32::from(percent.clamp(1, 100));
+    statement * (100 - percent) / percent
+}
+
 /// The statement [`prune_published`] runs (`$1` the cutoff, `$2` the batch): the oldest rows
 /// published before the cutoff, through `outbox_events_published_idx`, locked with `skip
 /// locked` (a row another transaction holds is passed over), deleted by their `ctid`s: no
@@ -124,11 +159,25 @@ pub const PRUNE_PUBLISHED: &str = "delete from outbox_events where ctid = any(ar
 /// were deleted. Unpublished rows are never selected. A row another transaction holds (an
 /// operator's `select … for update`, an `outbox verify --republish` in progress) is passed
 /// over, never waited for; a later call takes it. A `batch` below 1 is an [`Error::Config`],
-/// before any statement.
+/// before any statement. It deletes without pausing: [`prune_published_paced`] leaves the
+/// database to others between its statements.
 pub async fn prune_published(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
+    prune_published_paced(pool, keep, batch, 100).await
+}
+
+/// [`prune_published`], busy at most `busy_percent` of its time (1 to 100, as
+/// [`RetentionConfig::busy_percent`]; outside that range an [`Error::Config`], before any
+/// statement).
+pub async fn prune_published_paced(
+    pool: &PgPool,
+    keep: Duration,
+    batch: i64,
+    busy_percent: u8,
+) -> Result<u64> {
     check_batch(batch)?;
+    check_busy(busy_percent)?;
     let cutoff = cutoff(pool, keep).await?;
-    let total = delete_in_batches(pool, PRUNE_PUBLISHED, cutoff, batch)
+    let total = delete_in_batches(pool, PRUNE_PUBLISHED, cutoff, batch, busy_percent)
         .await
         .map_err(|e| OUTBOX_EVENTS.error(e))?;
     metrics::counter!(m::PRUNED, "table" => "outbox_events").increment(total);
@@ -144,16 +193,19 @@ async fn cutoff(pool: &PgPool, keep: Duration) -> Result<DateTime<Utc>> {
 }
 
 /// Runs `statement` (`$1` a fixed cutoff, `$2` the batch) until one deletes fewer than
-/// `batch` rows; returns the rows deleted. `skip locked` fills a batch from the rows after a
-/// held one, so a short batch means no unheld row is left.
+/// `batch` rows, pausing after each so that statements take at most `busy_percent` of the
+/// time; returns the rows deleted. `skip locked` fills a batch from the rows after a held one,
+/// so a short batch means no unheld row is left.
 async fn delete_in_batches(
     pool: &PgPool,
     statement: &'static str,
     cutoff: DateTime<Utc>,
     batch: i64,
+    busy_percent: u8,
 ) -> sqlx::Result<u64> {
     let mut total = 0;
     loop {
+        let started = std::time::Instant::now();
         let n = sqlx::query(statement)
             .bind(cutoff)
             .bind(batch)
@@ -163,6 +215,10 @@ async fn delete_in_batches(
         total += n;
         if n < batch as u64 {
             return Ok(total);
+        }
+        let pause = pause_after(started.elapsed(), busy_percent);
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
         }
     }
 }
@@ -185,14 +241,26 @@ const PRUNE_DEDUPE: &str = "delete from outbox_consumed where ctid = any(array( 
         order by consumed_at limit $2 for update skip locked))";
 
 /// Deletes dedupe rows (`outbox_consumed`) older than `keep`, in batches, passing over rows
-/// other transactions hold, as [`prune_published`] does. Returns how many.
-/// A `batch` below 1 is an [`Error::Config`], before any statement.
+/// other transactions hold, as [`prune_published`] does, without pausing
+/// ([`prune_dedupe_paced`] pauses). Returns how many. A `batch` below 1 is an
+/// [`Error::Config`], before any statement.
 ///
 /// Before deleting, it records the cutoff in `outbox_dedupe_horizon` (migration `0006`): a
 /// consumer whose durable is created again starts at messages stored since the newest cutoff,
 /// so an event whose dedupe row is gone is not applied twice (see [`crate::consumer`]).
 pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u64> {
+    prune_dedupe_paced(pool, keep, batch, 100).await
+}
+
+/// [`prune_dedupe`], busy at most `busy_percent` of its time, as [`prune_published_paced`].
+pub async fn prune_dedupe_paced(
+    pool: &PgPool,
+    keep: Duration,
+    batch: i64,
+    busy_percent: u8,
+) -> Result<u64> {
     check_batch(batch)?;
+    check_busy(busy_percent)?;
     let cutoff = cutoff(pool, keep).await?;
     let any: bool =
         sqlx::query_scalar("select exists (select 1 from outbox_consumed where consumed_at < $1)")
@@ -211,14 +279,14 @@ pub async fn prune_dedupe(pool: &PgPool, keep: Duration, batch: i64) -> Result<u
     .execute(pool)
     .await
     .map_err(|e| DEDUPE_HORIZON.error(e))?;
-    let total = delete_in_batches(pool, PRUNE_DEDUPE, cutoff, batch)
+    let total = delete_in_batches(pool, PRUNE_DEDUPE, cutoff, batch, busy_percent)
         .await
         .map_err(|e| OUTBOX_CONSUMED.error(e))?;
     metrics::counter!(m::PRUNED, "table" => "outbox_consumed").increment(total);
     Ok(total)
 }
 
-/// A retention task: prunes on a schedule.
+/// A retention task: prunes on a schedule, at the pace of [`RetentionConfig::busy_percent`].
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
@@ -241,12 +309,14 @@ impl Retention {
         Ok(Self { pool, config })
     }
 
-    /// One pass: prunes published rows, then dedupe rows. Returns `(published, dedupe)` counts.
+    /// One pass: prunes published rows, then dedupe rows, pausing between statements.
+    /// Returns `(published, dedupe)` counts.
     pub async fn run_once(&self) -> Result<(u64, u64)> {
         let c = &self.config;
-        let published = prune_published(&self.pool, c.keep_published, c.batch_size).await?;
+        let (batch, busy) = (c.batch_size, c.busy_percent);
+        let published = prune_published_paced(&self.pool, c.keep_published, batch, busy).await?;
         let dedupe = match c.keep_dedupe {
-            Some(keep) => prune_dedupe(&self.pool, keep, c.batch_size).await?,
+            Some(keep) => prune_dedupe_paced(&self.pool, keep, batch, busy).await?,
             None => 0,
         };
         if published + dedupe > 0 {
@@ -255,18 +325,59 @@ impl Retention {
         Ok((published, dedupe))
     }
 
-    /// Runs [`Retention::run_once`] every `interval` until `shutdown` resolves. Errors are
-    /// logged and the next pass tries again.
+    /// Runs [`Retention::run_once`] every `interval` until `shutdown` resolves, which also
+    /// ends a pass between or during its statements (a statement cut short deletes nothing;
+    /// the next start takes its rows). Errors are logged and the next pass tries again.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            if let Err(e) = self.run_once().await {
+            let pass = tokio::select! {
+                _ = &mut shutdown => return,
+                pass = self.run_once() => pass,
+            };
+            if let Err(e) = pass {
                 tracing::warn!(error = %e, "retention pass failed; retrying next interval");
             }
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(self.config.interval) => {}
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_waits_so_its_statements_take_their_share_of_the_time() {
+        let ms = Duration::from_millis;
+        assert_eq!(pause_after(ms(30), 10), ms(270));
+        assert_eq!(pause_after(ms(30), 50), ms(30));
+        assert_eq!(pause_after(ms(30), 1), ms(2_970));
+        assert_eq!(pause_after(ms(30), 100), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_busy_share_outside_1_to_100_is_refused_naming_the_field() {
+        for bad in [0, 101, 255] {
+            let config = RetentionConfig {
+                busy_percent: bad,
+                ..Default::default()
+            };
+            let e = config.check().unwrap_err().to_string();
+            assert!(
+                e.contains("busy_percent") && e.contains(&bad.to_string()),
+                "{e}"
+            );
+        }
+        for good in [1, 10, 100] {
+            let config = RetentionConfig {
+                busy_percent: good,
+                ..Default::default()
+            };
+            config.check().unwrap();
         }
     }
 }

@@ -1,5 +1,5 @@
 //! What operators see and do: retention pruning under load without ever deleting an
-//! unpublished row, its window and dry run, and its refusal of a batch below one. (Status
+//! unpublished row, its window and dry run, its refusal of a batch below one, its pace. (Status
 //! during a broker outage, which stops a private server, is in the `outage` binary.)
 
 use std::collections::HashSet;
@@ -159,6 +159,62 @@ async fn a_prune_batch_below_one_is_refused_before_any_statement() {
             );
         }
     }
+}
+
+#[tokio::test]
+async fn a_paced_retention_task_keeps_to_its_share_and_ends_its_pass_at_shutdown() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    // 2,000 expired rows among 4,000, one deleted per statement, busy 1% of the time: each
+    // statement (a millisecond or so) is followed by a hundred times as long without one,
+    // where unpaced the task would delete hundreds of rows a second
+    insert_published(pool, 4_000, 2).await;
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let config = retention::RetentionConfig {
+        batch_size: 1,
+        busy_percent: 1,
+        keep_dedupe: None,
+        ..Default::default()
+    };
+    let task = retention::Retention::new(pool.clone(), config).expect("a valid configuration");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        task.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let prunable = || async { retention::count_prunable(pool, week).await.unwrap() };
+    eventually(
+        Duration::from_secs(10),
+        "the first prune statement",
+        || async { prunable().await < 2_000 },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let deleted = 2_000 - prunable().await;
+    assert!(
+        deleted <= 100,
+        "a task busy 1% of its time deleted {deleted} rows in a second, one a statement"
+    );
+    // the pass has about 200 s left at this pace: shutdown ends it
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("shutdown ends a paced pass at once")
+        .expect("the retention task");
+    let left = prunable().await;
+    assert!(left > 0, "the pass was ended before its rows ran out");
+    // nothing lost: an unpaced prune takes the rest, the unexpired rows stay
+    assert_eq!(
+        retention::prune_published(pool, week, 1000).await.unwrap(),
+        left as u64
+    );
+    let kept: i64 = sqlx::query_scalar("select count(*) from outbox_events")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, 2_000, "only expired rows were deleted");
 }
 
 /// The pages one prune statement reads (shared buffers hit and read, from `EXPLAIN (ANALYZE,
