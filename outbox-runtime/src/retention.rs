@@ -136,11 +136,15 @@ fn check_busy(percent: u8) -> Result<()> {
     Ok(())
 }
 
+/// The longest wait after one statement, however long it took (a statement that waited
+/// minutes for a table lock, behind a `vacuum full` or a migration, is no measure of its cost).
+const MAX_PAUSE: Duration = Duration::from_secs(60);
+
 /// How long a pass busy at most `percent` of its time waits after a statement that took
-/// `statement`.
+/// `statement`: at most [`MAX_PAUSE`].
 fn pause_after(statement: Duration, percent: u8) -> Duration {
     let percent = u32::from(percent.clamp(1, 100));
-    statement * (100 - percent) / percent
+    (statement.min(MAX_PAUSE) * (100 - percent) / percent).min(MAX_PAUSE)
 }
 
 /// The statement [`prune_published`] runs (`$1` the cutoff, `$2` the batch): the oldest rows
@@ -177,11 +181,16 @@ pub async fn prune_published_paced(
     check_batch(batch)?;
     check_busy(busy_percent)?;
     let cutoff = cutoff(pool, keep).await?;
-    let total = delete_in_batches(pool, PRUNE_PUBLISHED, cutoff, batch, busy_percent)
-        .await
-        .map_err(|e| OUTBOX_EVENTS.error(e))?;
-    metrics::counter!(m::PRUNED, "table" => "outbox_events").increment(total);
-    Ok(total)
+    delete_in_batches(
+        pool,
+        PRUNE_PUBLISHED,
+        "outbox_events",
+        cutoff,
+        batch,
+        busy_percent,
+    )
+    .await
+    .map_err(|e| OUTBOX_EVENTS.error(e))
 }
 
 /// `now() - keep` on the database's clock.
@@ -192,31 +201,38 @@ async fn cutoff(pool: &PgPool, keep: Duration) -> Result<DateTime<Utc>> {
         .await?)
 }
 
-/// Runs `statement` (`$1` a fixed cutoff, `$2` the batch) until one deletes fewer than
+/// Runs `statement` (`$1` a fixed cutoff, `$2` the batch; it deletes from `table`) until one deletes fewer than
 /// `batch` rows, pausing after each so that statements take at most `busy_percent` of the
-/// time; returns the rows deleted. `skip locked` fills a batch from the rows after a held one,
-/// so a short batch means no unheld row is left.
+/// time (timed on a connection already taken from the pool: waiting for one is not the
+/// statement's cost); returns the rows deleted, counting each statement's in the metric as it
+/// commits (a pass can run for hours at a low share). `skip locked` fills a batch from the
+/// rows after a held one, so a short batch means no unheld row is left.
 async fn delete_in_batches(
     pool: &PgPool,
     statement: &'static str,
+    table: &'static str,
     cutoff: DateTime<Utc>,
     batch: i64,
     busy_percent: u8,
 ) -> sqlx::Result<u64> {
     let mut total = 0;
     loop {
+        let mut conn = pool.acquire().await?;
         let started = std::time::Instant::now();
         let n = sqlx::query(statement)
             .bind(cutoff)
             .bind(batch)
-            .execute(pool)
+            .execute(&mut *conn)
             .await?
             .rows_affected();
+        let took = started.elapsed();
+        drop(conn);
+        metrics::counter!(m::PRUNED, "table" => table).increment(n);
         total += n;
         if n < batch as u64 {
             return Ok(total);
         }
-        let pause = pause_after(started.elapsed(), busy_percent);
+        let pause = pause_after(took, busy_percent);
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
@@ -279,11 +295,16 @@ pub async fn prune_dedupe_paced(
     .execute(pool)
     .await
     .map_err(|e| DEDUPE_HORIZON.error(e))?;
-    let total = delete_in_batches(pool, PRUNE_DEDUPE, cutoff, batch, busy_percent)
-        .await
-        .map_err(|e| OUTBOX_CONSUMED.error(e))?;
-    metrics::counter!(m::PRUNED, "table" => "outbox_consumed").increment(total);
-    Ok(total)
+    delete_in_batches(
+        pool,
+        PRUNE_DEDUPE,
+        "outbox_consumed",
+        cutoff,
+        batch,
+        busy_percent,
+    )
+    .await
+    .map_err(|e| OUTBOX_CONSUMED.error(e))
 }
 
 /// A retention task: prunes on a schedule, at the pace of [`RetentionConfig::busy_percent`].
@@ -326,8 +347,9 @@ impl Retention {
     }
 
     /// Runs [`Retention::run_once`] every `interval` until `shutdown` resolves, which also
-    /// ends a pass between or during its statements (a statement cut short deletes nothing;
-    /// the next start takes its rows). Errors are logged and the next pass tries again.
+    /// ends a pass between its statements or during one (the statement in flight may still
+    /// complete on the database; whatever it leaves, the next start takes). Errors are logged
+    /// and the next pass tries again.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
@@ -357,6 +379,9 @@ mod tests {
         assert_eq!(pause_after(ms(30), 50), ms(30));
         assert_eq!(pause_after(ms(30), 1), ms(2_970));
         assert_eq!(pause_after(ms(30), 100), Duration::ZERO);
+        // a statement that waited for a table lock does not stop pruning for hours
+        assert_eq!(pause_after(Duration::from_secs(600), 10), MAX_PAUSE);
+        assert_eq!(pause_after(ms(1_000), 1), MAX_PAUSE);
     }
 
     #[test]

@@ -162,21 +162,34 @@ async fn a_prune_batch_below_one_is_refused_before_any_statement() {
 }
 
 #[tokio::test]
-async fn a_paced_retention_task_keeps_to_its_share_and_ends_its_pass_at_shutdown() {
+async fn a_paced_retention_task_waits_after_each_statement_and_ends_its_pass_at_shutdown() {
     let ctx = Ctx::new().await;
     let pool = ctx.pool();
-    // 2,000 expired rows among 4,000, one deleted per statement, busy 1% of the time: each
-    // statement (a millisecond or so) is followed by a hundred times as long without one,
-    // where unpaced the task would delete hundreds of rows a second
+    // 2,000 expired rows among 4,000, one deleted per statement
     insert_published(pool, 4_000, 2).await;
     let week = Duration::from_secs(7 * 24 * 3600);
+    let prunable = || async { retention::count_prunable(pool, week).await.unwrap() };
+
+    // the first statement is made to take at least 300 ms: it waits for a table lock the test
+    // holds (`share` lets reads through and holds deletes)
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("lock table outbox_events in share mode")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let task_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(ctx.db.options.clone())
+        .await
+        .unwrap();
+    // busy 10% of its time: after that statement, 2.7 s or more without one
     let config = retention::RetentionConfig {
         batch_size: 1,
-        busy_percent: 1,
+        busy_percent: 10,
         keep_dedupe: None,
         ..Default::default()
     };
-    let task = retention::Retention::new(pool.clone(), config).expect("a valid configuration");
+    let task = retention::Retention::new(task_pool.clone(), config).expect("a valid configuration");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(async move {
         task.run(async {
@@ -184,25 +197,43 @@ async fn a_paced_retention_task_keeps_to_its_share_and_ends_its_pass_at_shutdown
         })
         .await
     });
-    let prunable = || async { retention::count_prunable(pool, week).await.unwrap() };
     eventually(
         Duration::from_secs(10),
-        "the first prune statement",
+        "the task's delete waiting for the lock",
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "select exists (select 1 from pg_locks \
+                  where relation = 'outbox_events'::regclass and not granted)",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.commit().await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the first statement's row deleted",
         || async { prunable().await < 2_000 },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let deleted = 2_000 - prunable().await;
-    assert!(
-        deleted <= 100,
-        "a task busy 1% of its time deleted {deleted} rows in a second, one a statement"
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        prunable().await,
+        1_999,
+        "the task, busy 10% of its time, deleted again within 1.5 s of a statement of 300 ms"
     );
-    // the pass has about 200 s left at this pace: shutdown ends it
+    // the pass has minutes left at this pace: shutdown ends it
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(5), running)
         .await
         .expect("shutdown ends a paced pass at once")
         .expect("the retention task");
+    // a statement in flight at shutdown completes on the database before its connection
+    // comes back: closing the pool waits for it
+    task_pool.close().await;
     let left = prunable().await;
     assert!(left > 0, "the pass was ended before its rows ran out");
     // nothing lost: an unpaced prune takes the rest, the unexpired rows stay
