@@ -15,21 +15,30 @@
 //!   first and n-th, with the index dropped in a transaction that is rolled back. Lines
 //!   `prune_pages_first=`, `prune_pages_nth=`, `prune_pages_unindexed_first=`,
 //!   `prune_pages_unindexed_nth=`.
-//! - **The relay with and without pruning**: one relay drains a backlog of 50,000 rows (1,000
-//!   subjects) on that table, started before the backlog is written as in `relay` (`--cold`
-//!   starts it on the backlog); in the *with* runs retention deletes expired rows meanwhile as
-//!   it does in a steady state, as many as the relay publishes: the prune statement (keep 7
-//!   days, 1,000 rows) each time the stream has gained 1,000 messages, on its own pool. A
-//!   third kind runs it with `wal_compression = lz4` on the prune's connections. Runs
-//!   alternate (without, with, with compression); figures are medians. Last lines:
-//!   `relay_with_retention_ratio=<median rate with / median rate without>` and
-//!   `relay_with_compressed_retention_ratio=`.
+//! - **The relay with and without pruning**: one relay drains a backlog of `--backlog=N` rows
+//!   (default 50,000; 1,000 subjects) on that table, started before the backlog is written as
+//!   in `relay` (`--cold` starts it on the backlog). Three kinds of run alternate:
+//!   - *without* retention;
+//!   - *with* the runtime's retention task (`Retention::run`, the default configuration: keep
+//!     7 days, 1,000 rows a statement, busy at most 10% of the time, or `--busy-percent=P`)
+//!     pruning the expired rows meanwhile, on its own pool;
+//!   - *unpaced*: as many rows deleted as the relay publishes, the prune statement each time
+//!     the stream has gained 1,000 messages, whatever that costs the relay (a retention that
+//!     keeps pace with a relay draining at full speed).
+//!
+//!   The pruner starts once the backlog is written, as the relay is woken; each *with* and
+//!   *unpaced* run prints the rows it deleted by then and when the drain ended. The order of
+//!   the kinds turns each round. Figures are medians. Last lines:
+//!   `relay_with_retention_ratio=<median rate with / median rate without>`,
+//!   `retention_rows_per_s=` (the task's deletes per second of drain, median),
+//!   `retention_alone_rows_per_s=` (the task for 10 s with no relay running, after the rounds)
+//!   and `relay_with_unpaced_retention_ratio=`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_runtime::retention;
+use outbox_runtime::retention::{self, Retention, RetentionConfig};
 use sqlx::PgPool;
 
 use crate::common::{self, BenchStream, PAYLOAD_SQL};
@@ -60,13 +69,21 @@ async fn bench(quick: bool) {
     let rows =
         common::option("rows").map_or(if quick { 400_000 } else { 20_000_000 }, |r| r as i64);
     let every = common::option("expired-every").map_or(20, |e| e.max(1) as i64);
-    let backlog: i64 = if quick { 5_000 } else { 50_000 };
+    let backlog = common::option("backlog")
+        .map_or(if quick { 5_000 } else { 50_000 }, |b| b.max(1_000) as i64);
+    let busy =
+        common::option("busy-percent").map_or(RetentionConfig::default().busy_percent, |p| {
+            match u8::try_from(p) {
+                Ok(p @ 1..=100) => p,
+                _ => panic!("--busy-percent takes 1 to 100, got {p}"),
+            }
+        });
     let rounds = common::option("rounds").map_or(if quick { 1 } else { 3 }, |r| r.max(1));
     let db = common::database().await;
     let client = common::connect_nats().await;
     let stream = BenchStream::new(&client).await;
     println!(
-        "{rows} published rows, 1 in {every} expired (keep 7 days) at random places; backlog {backlog} events, {rounds} rounds, 1 relay"
+        "{rows} published rows, 1 in {every} expired (keep 7 days) at random places; backlog {backlog} events, {rounds} rounds, 1 relay; retention busy {busy}%"
     );
     let filled = Instant::now();
     fill_history(&db.pool, &stream.prefix, rows, every).await;
@@ -97,76 +114,63 @@ async fn bench(quick: bool) {
     let nth = (rows / every / 2_000).clamp(2, 100);
     pages(&db.pool, nth).await;
 
-    // rounds alternate: no pruning, the runtime's statement, and the same with
-    // `wal_compression = lz4` on the prune's connections (the full-page images of the pages
-    // its deletes touch first after a checkpoint are most of its WAL)
-    let prune = literal(retention::PRUNE_PUBLISHED);
-    let statements = [None, Some((prune.clone(), false)), Some((prune, true))];
+    // rounds alternate: no pruning, the runtime's retention task, and an unpaced prune that
+    // keeps the relay's pace
     let mut rates: [Vec<f64>; 3] = Default::default();
+    let mut retention_rates = Vec::new();
     for round in 1..=rounds {
-        for (kind, statement) in statements.iter().enumerate() {
+        // the order turns each round: no kind always meets the index entries another left
+        let mut kinds = Kind::ALL;
+        kinds.rotate_left((round as usize - 1) % Kind::ALL.len());
+        for kind in kinds {
             stream.purge().await;
             let stop = Arc::new(AtomicBool::new(false));
-            // steady state: retention deletes as many expired rows as the relay publishes, a
-            // 1,000-row statement whenever the stream has gained 1,000 messages since the last
-            let pruner = statement.clone().map(|(statement, compressed)| {
-                let stop = stop.clone();
-                let (js, name) = (stream.js.clone(), stream.name.clone());
-                let options = if compressed {
-                    db.options.clone().options([("wal_compression", "lz4")])
-                } else {
-                    db.options.clone()
-                };
-                tokio::spawn(async move {
-                    let pool = sqlx::postgres::PgPoolOptions::new()
-                        .max_connections(2)
-                        .connect_with(options)
-                        .await
-                        .expect("connect the retention pool");
-                    // one handle, its count read each tick: a request per tick, not two
-                    let mut published = js.get_stream(&name).await.expect("the stream");
-                    let mut tick = tokio::time::interval(Duration::from_millis(10));
-                    let (mut pruned, mut statements, mut short) = (0, 0, 0);
-                    while !stop.load(Ordering::Relaxed) {
-                        tick.tick().await;
-                        let messages = published.info().await.expect("stream info").state.messages;
-                        if messages < (statements + 1) * 1_000 {
-                            continue;
-                        }
-                        let n = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
-                            .execute(&pool)
-                            .await
-                            .expect("prune")
-                            .rows_affected();
-                        pruned += n;
-                        statements += 1;
-                        short += u64::from(n < 1_000);
-                    }
-                    (pruned, short)
-                })
-            });
+            // the pruner starts once the backlog is written, just before the relay is woken
+            let mut pruner = None;
             let fill = async {
                 common::fill_backlog(&db.pool, &stream.prefix, backlog, SUBJECTS).await;
                 sqlx::query("analyze outbox_events")
                     .execute(&db.pool)
                     .await
                     .expect("analyze");
+                let task = match kind {
+                    Kind::Without => return,
+                    Kind::Paced => tokio::spawn(paced(db.options.clone(), busy, stop.clone())),
+                    Kind::Unpaced => tokio::spawn(unpaced(
+                        db.options.clone(),
+                        stream.js.clone(),
+                        stream.name.clone(),
+                        stop.clone(),
+                    )),
+                };
+                pruner = Some((task, expired(&db.pool).await, Instant::now()));
             };
             let start = crate::relay::Start::from_args();
             let rate = crate::relay::drain(&db, &stream, 1, backlog, start, fill).await;
-            stop.store(true, Ordering::Relaxed);
-            if let Some(p) = pruner {
-                let (pruned, short) = p.await.expect("retention task");
+            if let Some((task, expired_before, since)) = pruner {
+                let window = since.elapsed();
+                stop.store(true, Ordering::Relaxed);
+                // the task closes its pool: a statement in flight has committed
+                task.await.expect("retention task");
+                let left = expired(&db.pool).await;
+                let deleted = expired_before - left;
+                let per_s = deleted as f64 / window.as_secs_f64();
                 println!(
-                    "  retention: {pruned} expired rows deleted while the relay published {backlog}"
+                    "  {}: {deleted} expired rows deleted while the relay drained ({per_s:.0} rows/s over {:.2} s)",
+                    kind.name(),
+                    window.as_secs_f64(),
                 );
-                if short > 0 {
+                if left < 1_000 {
                     println!(
-                        "  warning: {short} prune statements found fewer than 1,000 expired rows, so this run pruned less than the relay published; give a smaller --expired-every or more --rows"
+                        "  warning: {left} expired rows left, so later runs prune less than they would; give a smaller --expired-every or more --rows"
                     );
                 }
+                if kind == Kind::Paced {
+                    retention_rates.push(per_s);
+                }
             }
-            rates[kind].push(rate);
+            rates[kind as usize].push(rate);
+            println!("  {}: {rate:.0} events/s", kind.name());
             // the backlog goes, so every run meets the same table
             sqlx::query("delete from outbox_events where id > $1")
                 .bind(history_end)
@@ -174,25 +178,137 @@ async fn bench(quick: bool) {
                 .await
                 .expect("delete the backlog");
         }
-        let last = |kind: usize| rates[kind][rates[kind].len() - 1];
+        let last = |kind: Kind| rates[kind as usize][rates[kind as usize].len() - 1];
         println!(
-            "round {round}: without retention {:.0} events/s, with retention {:.0} events/s, with retention and wal_compression=lz4 {:.0} events/s",
-            last(0),
-            last(1),
-            last(2)
+            "round {round}: without retention {:.0} events/s, with the retention task {:.0} events/s, with unpaced retention {:.0} events/s",
+            last(Kind::Without),
+            last(Kind::Paced),
+            last(Kind::Unpaced)
         );
     }
-    let [without, with, compressed] = rates.map(|mut r| common::median(&mut r));
+    let [without, with, unpaced] = rates.map(|mut r| common::median(&mut r));
+    let retention_rate = common::median(&mut retention_rates);
+    // the task alone, as it catches up once the relay is idle
+    let alone = {
+        let stop = Arc::new(AtomicBool::new(false));
+        let before = expired(&db.pool).await;
+        let since = Instant::now();
+        let task = tokio::spawn(paced(db.options.clone(), busy, stop.clone()));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let window = since.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        task.await.expect("retention task");
+        let deleted = before - expired(&db.pool).await;
+        println!(
+            "the retention task alone: {deleted} expired rows deleted in {:.1} s",
+            window.as_secs_f64()
+        );
+        deleted as f64 / window.as_secs_f64()
+    };
     stream.delete().await;
     drop(db);
     println!("relay_without_retention_events_per_s={without:.0}");
     println!("relay_with_retention_events_per_s={with:.0}");
-    println!("relay_with_compressed_retention_events_per_s={compressed:.0}");
+    println!("relay_with_unpaced_retention_events_per_s={unpaced:.0}");
     println!("relay_with_retention_ratio={:.3}", with / without);
+    println!("retention_rows_per_s={retention_rate:.0}");
+    println!("retention_alone_rows_per_s={alone:.0}");
     println!(
-        "relay_with_compressed_retention_ratio={:.3}",
-        compressed / without
+        "relay_with_unpaced_retention_ratio={:.3}",
+        unpaced / without
     );
+}
+
+/// The kinds of run, in the order they alternate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Without,
+    Paced,
+    Unpaced,
+}
+
+impl Kind {
+    const ALL: [Kind; 3] = [Kind::Without, Kind::Paced, Kind::Unpaced];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Without => "without retention",
+            Kind::Paced => "with the retention task",
+            Kind::Unpaced => "with unpaced retention",
+        }
+    }
+}
+
+/// The expired rows left (published over 7 days ago), through the published index.
+async fn expired(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from outbox_events \
+          where published_at is not null and published_at < now() - interval '7 days'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("count the expired rows")
+}
+
+/// The runtime's retention task, default configuration but `busy_percent`, until `stop`.
+async fn paced(options: sqlx::postgres::PgConnectOptions, busy: u8, stop: Arc<AtomicBool>) {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .expect("connect the retention pool");
+    let config = RetentionConfig {
+        busy_percent: busy,
+        ..Default::default()
+    };
+    let task = Retention::new(pool.clone(), config).expect("the retention configuration");
+    task.run(async {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    pool.close().await;
+}
+
+/// Deletes as many expired rows as the relay publishes: a 1,000-row prune statement whenever
+/// the stream has gained 1,000 messages since the last, until `stop`.
+async fn unpaced(
+    options: sqlx::postgres::PgConnectOptions,
+    js: async_nats::jetstream::Context,
+    name: String,
+    stop: Arc<AtomicBool>,
+) {
+    let statement = literal(retention::PRUNE_PUBLISHED);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .expect("connect the retention pool");
+    // one handle, its count read each tick: a request per tick, not two
+    let mut published = js.get_stream(&name).await.expect("the stream");
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let (mut statements, mut short) = (0, 0);
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let messages = published.info().await.expect("stream info").state.messages;
+        if messages < (statements + 1) * 1_000 {
+            continue;
+        }
+        let n = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&pool)
+            .await
+            .expect("prune")
+            .rows_affected();
+        statements += 1;
+        short += u64::from(n < 1_000);
+    }
+    if short > 0 {
+        println!(
+            "  warning: {short} unpaced prune statements found fewer than 1,000 expired rows, so this run pruned less than the relay published"
+        );
+    }
+    pool.close().await;
 }
 
 /// Inserts `rows` published rows in statements of [`CHUNK`]: ids and `created_at` ordered by
