@@ -140,13 +140,15 @@ const BATCH_SIZE_BUCKETS: &[f64] = &[
 /// the largest batch a relay takes (10,000). Give them to the exporter you install, e.g. with
 /// metrics-exporter-prometheus:
 ///
-/// ```ignore
+/// ```
 /// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 ///
+/// # fn main() -> Result<(), metrics_exporter_prometheus::BuildError> {
 /// let mut builder = PrometheusBuilder::new();
 /// for (name, buckets) in outbox_runtime::metrics::histogram_buckets() {
 ///     builder = builder.set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)?;
 /// }
+/// # Ok(()) }
 /// ```
 pub fn histogram_buckets() -> &'static [(&'static str, &'static [f64])] {
     &[
