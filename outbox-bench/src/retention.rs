@@ -124,7 +124,6 @@ async fn bench(quick: bool) {
         kinds.rotate_left((round as usize - 1) % Kind::ALL.len());
         for kind in kinds {
             stream.purge().await;
-            let stop = Arc::new(AtomicBool::new(false));
             // the pruner starts once the backlog is written, just before the relay is woken
             let mut pruner = None;
             let fill = async {
@@ -133,27 +132,20 @@ async fn bench(quick: bool) {
                     .execute(&db.pool)
                     .await
                     .expect("analyze");
-                let task = match kind {
+                let options = db.options.clone();
+                pruner = Some(match kind {
                     Kind::Without => return,
-                    Kind::Paced => tokio::spawn(paced(db.options.clone(), busy, stop.clone())),
-                    Kind::Unpaced => tokio::spawn(unpaced(
-                        db.options.clone(),
-                        stream.js.clone(),
-                        stream.name.clone(),
-                        stop.clone(),
-                    )),
-                };
-                pruner = Some((task, expired(&db.pool).await, Instant::now()));
+                    Kind::Paced => Pruner::start(&db.pool, |stop| paced(options, busy, stop)).await,
+                    Kind::Unpaced => {
+                        let (js, name) = (stream.js.clone(), stream.name.clone());
+                        Pruner::start(&db.pool, |stop| unpaced(options, js, name, stop)).await
+                    }
+                });
             };
             let start = crate::relay::Start::from_args();
             let rate = crate::relay::drain(&db, &stream, 1, backlog, start, fill).await;
-            if let Some((task, expired_before, since)) = pruner {
-                let window = since.elapsed();
-                stop.store(true, Ordering::Relaxed);
-                // the task closes its pool: a statement in flight has committed
-                task.await.expect("retention task");
-                let left = expired(&db.pool).await;
-                let deleted = expired_before - left;
+            if let Some(pruner) = pruner {
+                let (deleted, left, window) = pruner.finish(&db.pool).await;
                 let per_s = deleted as f64 / window.as_secs_f64();
                 println!(
                     "  {}: {deleted} expired rows deleted while the relay drained ({per_s:.0} rows/s over {:.2} s)",
@@ -190,15 +182,10 @@ async fn bench(quick: bool) {
     let retention_rate = common::median(&mut retention_rates);
     // the task alone, as it catches up once the relay is idle
     let alone = {
-        let stop = Arc::new(AtomicBool::new(false));
-        let before = expired(&db.pool).await;
-        let since = Instant::now();
-        let task = tokio::spawn(paced(db.options.clone(), busy, stop.clone()));
+        let options = db.options.clone();
+        let pruner = Pruner::start(&db.pool, |stop| paced(options, busy, stop)).await;
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let window = since.elapsed();
-        stop.store(true, Ordering::Relaxed);
-        task.await.expect("retention task");
-        let deleted = before - expired(&db.pool).await;
+        let (deleted, _, window) = pruner.finish(&db.pool).await;
         println!(
             "the retention task alone: {deleted} expired rows deleted in {:.1} s",
             window.as_secs_f64()
@@ -250,13 +237,54 @@ async fn expired(pool: &PgPool) -> i64 {
     .expect("count the expired rows")
 }
 
-/// The runtime's retention task, default configuration but `busy_percent`, until `stop`.
-async fn paced(options: sqlx::postgres::PgConnectOptions, busy: u8, stop: Arc<AtomicBool>) {
-    let pool = sqlx::postgres::PgPoolOptions::new()
+/// A pruner task on a pool of its own, and the expired rows there were when it started.
+struct Pruner {
+    task: tokio::task::JoinHandle<()>,
+    stop: Arc<AtomicBool>,
+    expired_before: i64,
+    since: Instant,
+}
+
+impl Pruner {
+    /// Counts the expired rows, then spawns the task `prune(stop)`, which runs until `stop`.
+    async fn start<F>(pool: &PgPool, prune: impl FnOnce(Arc<AtomicBool>) -> F) -> Pruner
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let expired_before = expired(pool).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(prune(stop.clone()));
+        Pruner {
+            task,
+            stop,
+            expired_before,
+            since: Instant::now(),
+        }
+    }
+
+    /// Stops the task: the rows it deleted, the expired rows left, and how long it ran. The
+    /// task closes its pool first, so a statement in flight has committed.
+    async fn finish(self, pool: &PgPool) -> (i64, i64, Duration) {
+        let window = self.since.elapsed();
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("retention task");
+        let left = expired(pool).await;
+        (self.expired_before - left, left, window)
+    }
+}
+
+/// A pool of two connections for a pruner.
+async fn pruner_pool(options: sqlx::postgres::PgConnectOptions) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect_with(options)
         .await
-        .expect("connect the retention pool");
+        .expect("connect the retention pool")
+}
+
+/// The runtime's retention task, default configuration but `busy_percent`, until `stop`.
+async fn paced(options: sqlx::postgres::PgConnectOptions, busy: u8, stop: Arc<AtomicBool>) {
+    let pool = pruner_pool(options).await;
     let config = RetentionConfig {
         busy_percent: busy,
         ..Default::default()
@@ -280,11 +308,7 @@ async fn unpaced(
     stop: Arc<AtomicBool>,
 ) {
     let statement = literal(retention::PRUNE_PUBLISHED);
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options)
-        .await
-        .expect("connect the retention pool");
+    let pool = pruner_pool(options).await;
     // one handle, its count read each tick: a request per tick, not two
     let mut published = js.get_stream(&name).await.expect("the stream");
     let mut tick = tokio::time::interval(Duration::from_millis(10));

@@ -1467,26 +1467,22 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
     );
     assert_eq!(remaining().await, all, "a dry run deletes nothing");
 
-    // a batch size that would never finish a delete loop is refused before connecting
-    let out = run(["prune", "--database-url", &url, "--batch-size", "0"]).await;
-    out.expect_code(2).assert_clean();
-    assert!(
-        out.stderr.contains("'0'") && out.stderr.contains("--batch-size"),
-        "names the flag and the value:\n{}",
-        out.stderr
-    );
-    assert_eq!(remaining().await, all, "a refused prune deletes nothing");
-    // so is a busy share outside 1 to 100 percent
-    for bad in ["0", "101"] {
-        let out = run(["prune", "--database-url", &url, "--busy-percent", bad]).await;
+    // a batch size that would never finish a delete loop, and a busy share outside 1 to 100
+    // percent, are refused before connecting
+    for (flag, bad) in [
+        ("--batch-size", "0"),
+        ("--busy-percent", "0"),
+        ("--busy-percent", "101"),
+    ] {
+        let out = run(["prune", "--database-url", &url, flag, bad]).await;
         out.expect_code(2).assert_clean();
         assert!(
-            out.stderr.contains(&format!("'{bad}'")) && out.stderr.contains("--busy-percent"),
+            out.stderr.contains(&format!("'{bad}'")) && out.stderr.contains(flag),
             "names the flag and the value:\n{}",
             out.stderr
         );
+        assert_eq!(remaining().await, all, "a refused prune deletes nothing");
     }
-    assert_eq!(remaining().await, all, "a refused prune deletes nothing");
 
     // one row a statement, paced: the pauses between full batches lose nothing
     let out = run([

@@ -34,7 +34,7 @@ use sqlx::PgPool;
 
 use crate::error::{Error, Result};
 use crate::metrics as m;
-use crate::table::{DEDUPE_HORIZON, OUTBOX_CONSUMED, OUTBOX_EVENTS};
+use crate::table::{Table, DEDUPE_HORIZON, OUTBOX_CONSUMED, OUTBOX_EVENTS};
 
 /// Retention settings (defaults: keep 7 days of published rows and 14 days of dedupe rows,
 /// delete 1,000 rows per statement, busy at most 10% of a pass's time, a pass every minute).
@@ -145,7 +145,7 @@ const MAX_PAUSE: Duration = Duration::from_secs(60);
 /// `statement`: at most [`MAX_PAUSE`].
 fn pause_after(statement: Duration, percent: u8) -> Duration {
     let percent = u32::from(percent.clamp(1, 100));
-    (statement.min(MAX_PAUSE) * (100 - percent) / percent).min(MAX_PAUSE)
+    (statement * (100 - percent) / percent).min(MAX_PAUSE)
 }
 
 /// The statement [`prune_published`] runs (`$1` the cutoff, `$2` the batch): the oldest rows
@@ -185,13 +185,12 @@ pub async fn prune_published_paced(
     delete_in_batches(
         pool,
         PRUNE_PUBLISHED,
-        "outbox_events",
+        OUTBOX_EVENTS,
         cutoff,
         batch,
         busy_percent,
     )
     .await
-    .map_err(|e| OUTBOX_EVENTS.error(e))
 }
 
 /// `now() - keep` on the database's clock.
@@ -202,8 +201,8 @@ async fn cutoff(pool: &PgPool, keep: Duration) -> Result<DateTime<Utc>> {
         .await?)
 }
 
-/// Runs `statement` (`$1` a fixed cutoff, `$2` the batch; it deletes from `table`) until one deletes fewer than
-/// `batch` rows, pausing after each so that statements take at most `busy_percent` of the
+/// Runs `statement` (`$1` a fixed cutoff, `$2` the batch; it deletes from `table`, which names
+/// its errors and its metric) until one deletes fewer than `batch` rows, pausing after each so that statements take at most `busy_percent` of the
 /// time (timed on a connection already taken from the pool: waiting for one is not the
 /// statement's cost); returns the rows deleted, counting each statement's in the metric as it
 /// commits (a pass can run for hours at a low share). `skip locked` fills a batch from the
@@ -211,11 +210,11 @@ async fn cutoff(pool: &PgPool, keep: Duration) -> Result<DateTime<Utc>> {
 async fn delete_in_batches(
     pool: &PgPool,
     statement: &'static str,
-    table: &'static str,
+    table: Table,
     cutoff: DateTime<Utc>,
     batch: i64,
     busy_percent: u8,
-) -> sqlx::Result<u64> {
+) -> Result<u64> {
     let mut total = 0;
     loop {
         let mut conn = pool.acquire().await?;
@@ -224,11 +223,12 @@ async fn delete_in_batches(
             .bind(cutoff)
             .bind(batch)
             .execute(&mut *conn)
-            .await?
+            .await
+            .map_err(|e| table.error(e))?
             .rows_affected();
         let took = started.elapsed();
         drop(conn);
-        metrics::counter!(m::PRUNED, "table" => table).increment(n);
+        metrics::counter!(m::PRUNED, "table" => table.name).increment(n);
         total += n;
         if n < batch as u64 {
             return Ok(total);
@@ -299,13 +299,12 @@ pub async fn prune_dedupe_paced(
     delete_in_batches(
         pool,
         PRUNE_DEDUPE,
-        "outbox_consumed",
+        OUTBOX_CONSUMED,
         cutoff,
         batch,
         busy_percent,
     )
     .await
-    .map_err(|e| OUTBOX_CONSUMED.error(e))
 }
 
 /// A retention task: prunes on a schedule, at the pace of [`RetentionConfig::busy_percent`].
