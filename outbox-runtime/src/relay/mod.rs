@@ -20,6 +20,7 @@ mod backoff;
 mod checks;
 mod claim;
 mod config;
+mod elections;
 mod failure;
 mod floor;
 mod held;
@@ -219,13 +220,14 @@ impl Relay {
         checks::jetstream(&jetstream, &config).await?;
         checks::streams(&jetstream, &config).await?;
         let connects_seen = std::sync::atomic::AtomicU64::new(publish::connects(&jetstream));
+        let elections = elections::Elections::listen(&jetstream.client()).await;
         Ok(Relay {
             pool,
             jetstream,
             connects_seen,
             pauses: backoff::SubjectBackoff::new(PAUSE_BASE, PAUSE_MAX),
             cut_pauses: backoff::SubjectBackoff::new(CUT_PAUSE, CUT_PAUSE),
-            streams: streams::Streams::default(),
+            streams: streams::Streams::new(elections),
             counters: stats::Counters::default(),
             sleepers: Default::default(),
             floor: tokio::sync::Mutex::new(floor::Floor::new(config.floor_check())),
@@ -275,6 +277,16 @@ impl Relay {
         let mut paused = self.pauses.excluded(now, forget);
         paused.extend(self.cut_pauses.excluded(now, forget));
         paused
+    }
+
+    /// Whether this relay would take an ack of stream `name` that did not come as lost to a
+    /// leader election within `window` (docs/relay.md, *Failures*): what the cluster tests
+    /// check against elections they make.
+    #[doc(hidden)]
+    pub async fn stream_elected_within(&self, name: &str, window: Duration) -> bool {
+        self.streams
+            .elected_recently(&self.jetstream, name, window)
+            .await
     }
 
     /// Totals since the relay was created.

@@ -12,6 +12,8 @@ use async_nats::jetstream;
 use async_nats::jetstream::context::GetStreamByNameErrorKind;
 use tokio::time::Instant;
 
+use super::elections::Elections;
+
 /// How long a lookup that found the type's stream is trusted (its duplicate window is checked
 /// again after it).
 const FRESH_FOR: Duration = Duration::from_secs(300);
@@ -68,9 +70,19 @@ pub(super) struct Streams {
     leaders: Mutex<HashMap<String, Watch>>,
     /// Streams already warned about (one replica, or settings that lose messages).
     warned: Mutex<std::collections::BTreeSet<String>>,
+    /// The elections JetStream announced.
+    elections: Elections,
 }
 
 impl Streams {
+    /// A cache that also hears the elections JetStream announces (see [`Elections`]).
+    pub(super) fn new(elections: Elections) -> Streams {
+        Streams {
+            elections,
+            ..Streams::default()
+        }
+    }
+
     /// Remembers that `event_types` were published.
     pub(super) fn saw<'a>(&self, event_types: impl IntoIterator<Item = &'a str>) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -113,7 +125,8 @@ impl Streams {
     /// as this relay saw it: an ack that did not come in that time was lost to an election,
     /// not refused. Reads the stream's info (waiting a second at most); at the first look, a
     /// leader elected within [`RECENT_LEADER`] (or one that does not say since when) counts as
-    /// new.
+    /// new. An election JetStream announced within `window` counts too, even when the same
+    /// server leads again (a server before 2.12 does not say since when it leads).
     pub(super) async fn elected_recently(
         &self,
         jetstream: &jetstream::Context,
@@ -139,7 +152,7 @@ impl Streams {
             _ => (None, true),
         };
         let changed = self.note(name, current.0, current.1);
-        changed.is_some_and(|at| at.elapsed() < window)
+        changed.is_some_and(|at| at.elapsed() < window) || self.elections.within(name, window)
     }
 
     /// Remembers stream `name`'s `leadership` (`None`: no leader, or none could be read);

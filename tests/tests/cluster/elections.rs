@@ -1,0 +1,80 @@
+//! How the relay tells an ack lost to an election from a refused one: a leader that stepped
+//! down and was elected again between two of the relay's readings of the stream still counts
+//! as an election (a server before 2.12 does not say since when it leads, so only JetStream's
+//! election advisories show it), and a stream that kept its leader does not.
+
+use std::time::Duration;
+
+use outbox_runtime::{Relay, RelayConfig, StorageType, StreamSpec};
+use outbox_testkit::{unique_token, NatsCluster, TestDb};
+
+/// The window the relay is asked about: longer than a step-down takes, shorter than the wait
+/// that makes its first reading old.
+const WINDOW: Duration = Duration::from_secs(4);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_elected_again_between_two_readings_is_an_election() {
+    let cluster = NatsCluster::spawn(3).await;
+    let client = cluster.connect().await;
+    let js = async_nats::jetstream::new(client.clone());
+    let prefix = unique_token();
+    let stream = prefix.to_uppercase();
+    let spec = StreamSpec {
+        name: stream.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        storage: StorageType::File,
+        replicas: 3,
+        ..StreamSpec::default()
+    };
+    cluster.create_stream(&js, spec.to_config()).await;
+    let db = TestDb::new().await;
+    let config = RelayConfig {
+        subjects: vec![format!("{prefix}.billing.invoice.paid")],
+        ..RelayConfig::default()
+    };
+    let pool = db.new_pool(config.pool_size()).await;
+    let relay = Relay::new(
+        pool,
+        async_nats::jetstream::new(cluster.connect().await),
+        config,
+    )
+    .await
+    .expect("the relay starts on the cluster");
+
+    // the first reading, then one after the window: the leader kept its place
+    let first = cluster.stream_leader(&js, &stream).await;
+    relay.stream_elected_within(&stream, WINDOW).await;
+    tokio::time::sleep(WINDOW + Duration::from_millis(500)).await;
+    assert!(
+        !relay.stream_elected_within(&stream, WINDOW).await,
+        "a stream that kept its leader for longer than the window had no election in it"
+    );
+    assert_eq!(cluster.stream_leader(&js, &stream).await, first);
+
+    // step down until the first leader leads again, without the relay looking
+    let mut leader = first.clone();
+    let mut step_downs = 0;
+    while step_downs == 0 || leader != first {
+        assert!(
+            step_downs < 30,
+            "{first} never led {stream} again in 30 step-downs"
+        );
+        cluster
+            .step_down(&client, &stream)
+            .await
+            .expect("the leader steps down");
+        step_downs += 1;
+        let before = leader.clone();
+        for _ in 0..20 {
+            leader = cluster.stream_leader(&js, &stream).await;
+            if leader != before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert!(
+        relay.stream_elected_within(&stream, WINDOW).await,
+        "{first} led {stream} again after {step_downs} step-downs: an ack lost meanwhile is lost to an election"
+    );
+}
