@@ -109,3 +109,49 @@ pub mod recorded {
         })
     }
 }
+
+/// The WARN events a test's code logs: a `tracing` layer that keeps each one's message. Set as
+/// the thread's default subscriber in a current-thread runtime, it hears the test's relays and
+/// pools too (they run on the test's thread).
+pub mod warnings {
+    use std::fmt::Write as _;
+    use std::sync::{Arc, Mutex};
+
+    /// Every WARN event's message, from the subscriber it is installed in.
+    #[derive(Debug, Clone, Default)]
+    pub struct Warnings(Arc<Mutex<Vec<String>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if *event.metadata().level() != tracing::Level::WARN {
+                return;
+            }
+            let mut message = String::new();
+            event.record(
+                &mut |field: &tracing::field::Field, value: &dyn std::fmt::Debug| {
+                    if field.name() == "message" {
+                        let _ = write!(message, "{value:?}");
+                    }
+                },
+            );
+            self.0.lock().expect("not poisoned").push(message);
+        }
+    }
+
+    impl Warnings {
+        /// The messages so far, in order.
+        pub fn messages(&self) -> Vec<String> {
+            self.0.lock().expect("not poisoned").clone()
+        }
+
+        /// Records the warnings of this thread until the guard is dropped.
+        pub fn record(&self) -> tracing::subscriber::DefaultGuard {
+            use tracing_subscriber::layer::SubscriberExt as _;
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()))
+        }
+    }
+}

@@ -5,8 +5,7 @@
 //! relay on a table without the trace context columns (migration 0007 not applied) publishes and
 //! says so once.
 
-use std::fmt::Write as _;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use opentelemetry::trace::{SpanId, SpanKind, TraceId, TracerProvider as _};
@@ -15,6 +14,7 @@ use outbox_runtime::trace::TraceContext;
 use outbox_runtime::{EmitExt, Relay, RelayConfig};
 use outbox_testkit::suite::Ctx;
 use outbox_testkit::{connect_nats, eventually, nats_url, unique_token, NatsServer, TestDb};
+use outbox_tests::warnings::Warnings;
 use serde_json::{json, Value};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::Layer as _;
@@ -331,35 +331,11 @@ async fn an_event_emitted_outside_any_span_gets_a_trace_of_its_own() {
     s.stop().await;
 }
 
-/// Every WARN event's message, from the subscriber it is installed in.
-#[derive(Debug, Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if *event.metadata().level() != tracing::Level::WARN {
-            return;
-        }
-        let mut message = String::new();
-        event.record(
-            &mut |field: &tracing::field::Field, value: &dyn std::fmt::Debug| {
-                if field.name() == "message" {
-                    let _ = write!(message, "{value:?}");
-                }
-            },
-        );
-        self.0.lock().expect("not poisoned").push(message);
-    }
-}
-
-impl Warnings {
-    fn about_traces(&self) -> Vec<String> {
-        let all = self.0.lock().expect("not poisoned");
-        all.iter()
-            .filter(|m| m.contains("trace context"))
-            .cloned()
-            .collect()
-    }
+/// The warnings about trace context.
+fn about_traces(warnings: &Warnings) -> Vec<String> {
+    let mut all = warnings.messages();
+    all.retain(|m| m.contains("trace context"));
+    all
 }
 
 /// The seed's table and the rest of the outbox's migrations, without 0007.
@@ -379,8 +355,7 @@ const BEFORE_TRACES: [&str; 8] = [
 #[tokio::test]
 async fn a_relay_on_a_table_without_the_trace_columns_publishes_and_says_so_once() {
     let warnings = Warnings::default();
-    let _recording =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let _recording = warnings.record();
     let client = connect_nats(&nats_url()).await;
     let s = Ctx {
         db: TestDb::empty().await,
@@ -460,7 +435,7 @@ async fn a_relay_on_a_table_without_the_trace_columns_publishes_and_says_so_once
         .await
         .expect("the relay starts without the trace columns");
     assert!(!relay.carries_trace_context());
-    let said = warnings.about_traces();
+    let said = about_traces(&warnings);
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(
         said[0].contains("traces will not be carried") && said[0].contains("0007"),
@@ -482,7 +457,7 @@ async fn a_relay_on_a_table_without_the_trace_columns_publishes_and_says_so_once
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].envelope.id, id);
     assert_eq!(stored[0].envelope.traceparent, None);
-    assert_eq!(warnings.about_traces().len(), 1, "said once, at start");
+    assert_eq!(about_traces(&warnings).len(), 1, "said once, at start");
 
     // with migration 0007 applied, a relay carries them and says nothing
     sqlx::raw_sql(include_str!(
@@ -495,6 +470,6 @@ async fn a_relay_on_a_table_without_the_trace_columns_publishes_and_says_so_once
         .await
         .expect("the relay starts");
     assert!(relay.carries_trace_context());
-    assert_eq!(warnings.about_traces().len(), 1, "nothing more to say");
+    assert_eq!(about_traces(&warnings).len(), 1, "nothing more to say");
     s.delete_stream().await;
 }

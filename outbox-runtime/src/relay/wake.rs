@@ -22,8 +22,10 @@ use tokio::time::{sleep, timeout, timeout_at, Instant};
 use crate::emit::wake_lock;
 
 /// How long the relay waits for the lock at a time (its connection's `lock_timeout` meanwhile),
-/// before it looks again whether a lane still waits for commits.
-const ACQUIRE_FOR: &str = "set lock_timeout = 1000";
+/// before it looks again whether a lane still waits for commits. Under a second: sqlx logs a
+/// statement that takes a second or more at warn by default, and a relay that waits while
+/// another holds the lock (every idle relay but one) would log such a warning every second.
+const ACQUIRE_FOR: &str = "set lock_timeout = 900";
 /// How long every lane must have been busy before the relay lets the lock go: lanes that
 /// finish a batch and find the next one within this keep it.
 const RELEASE_AFTER: Duration = Duration::from_millis(200);

@@ -332,6 +332,45 @@ async fn two_relays_waiting_behind_one_emit_both_publish_their_rows() {
     ctx.delete_stream().await;
 }
 
+/// Two idle relays: one holds the wake lock, the other waits for it, a little under a second
+/// at a time, so that sqlx's slow-statement warning (a second, by default) is never logged by
+/// a healthy relay. A current-thread runtime: the relays run on the test's thread, where the
+/// recording subscriber is the default.
+#[tokio::test]
+async fn a_relay_waiting_for_the_wake_lock_logs_no_warning() {
+    let warnings = outbox_tests::warnings::Warnings::default();
+    let _recording = warnings.record();
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let (_, _, config) = setup(&ctx);
+    let mut relays = Vec::new();
+    for _ in 0..2 {
+        let pool = ctx.db.new_pool(config.pool_size()).await;
+        let relay = Relay::new(pool, ctx.js.clone(), config.clone())
+            .await
+            .unwrap();
+        relays.push(run_relay(Arc::new(relay)));
+    }
+    eventually(
+        Duration::from_secs(15),
+        "one relay holds the wake lock and the other waits for it",
+        || async { wake_lock(&ctx).await == (1, 1) },
+    )
+    .await;
+    // several of the waiting relay's tries, each ended by its lock timeout
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(wake_lock(&ctx).await, (1, 1), "still waiting");
+    for (stop, running) in relays {
+        stop.send(()).unwrap();
+        running.await.unwrap();
+    }
+    // the test's stream has one replica, which the relays warn of once
+    let mut warned = warnings.messages();
+    warned.retain(|m| !m.contains("has one replica"));
+    assert_eq!(warned, Vec::<String>::new(), "idle relays warn of nothing");
+    ctx.delete_stream().await;
+}
+
 /// A relay dies while three share the table, and events are emitted at once into every
 /// partition: the survivors publish the dead relay's share once they drop it (5 s), though
 /// their lanes were asleep with the poll an hour away.
