@@ -142,7 +142,7 @@ pub(super) async fn hold(
                 }
             },
         };
-        // wait for the lock a second at a time while a lane still waits for commits
+        // wait for the lock 900 ms at a time while a lane still waits for commits
         match acquire(&mut conn, &sleepers, &commits).await {
             Ok(true) => {}
             Ok(false) => {
@@ -197,8 +197,8 @@ async fn acquire(
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
                 // a long transaction holds the lock shared (it emitted and has not ended), or
                 // another relay holds it: emits that took it shared before this wait and have
-                // committed since are announced by no one, so the lanes claim once a second
-                // while the wait lasts
+                // committed since are announced by no one, so the lanes claim each time a wait
+                // ends, while the wait lasts
                 commits.send_replace(());
             }
             Err(e) => return Err(e),

@@ -283,7 +283,8 @@ async fn a_burst_from_sixteen_connections_across_a_relay_restart_waits_for_no_po
 
 /// Two relays wait for the wake lock behind one open emitting transaction whose rows fall in
 /// both relays' partitions: the lock is granted to one of them, and every event is published
-/// (the grant is announced to every relay, and a relay still waiting claims once a second).
+/// (the grant is announced to every relay, and a relay still waiting claims each time its
+/// 900 ms wait ends).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_relays_waiting_behind_one_emit_both_publish_their_rows() {
     let ctx = Ctx::new().await;
