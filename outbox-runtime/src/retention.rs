@@ -181,16 +181,8 @@ pub async fn prune_published_paced(
 ) -> Result<u64> {
     check_batch(batch)?;
     check_busy(busy_percent)?;
-    let cutoff = cutoff(pool, keep).await?;
-    delete_in_batches(
-        pool,
-        PRUNE_PUBLISHED,
-        OUTBOX_EVENTS,
-        cutoff,
-        batch,
-        busy_percent,
-    )
-    .await
+    let prune = Prune::published(pool, keep).await?;
+    in_turns(pool, &mut [prune], batch, busy_percent).await
 }
 
 /// `now() - keep` on the database's clock.
@@ -201,43 +193,119 @@ async fn cutoff(pool: &PgPool, keep: Duration) -> Result<DateTime<Utc>> {
         .await?)
 }
 
-/// Runs `statement` (`$1` a fixed cutoff, `$2` the batch; it deletes from `table`, which names
-/// its errors and its metric) until one deletes fewer than `batch` rows, pausing after each so that statements take at most `busy_percent` of the
-/// time (timed on a connection already taken from the pool: waiting for one is not the
-/// statement's cost); returns the rows deleted, counting each statement's in the metric as it
-/// commits (a pass can run for hours at a low share). `skip locked` fills a batch from the
-/// rows after a held one, so a short batch means no unheld row is left.
-async fn delete_in_batches(
-    pool: &PgPool,
+/// One table's part of a pass: `statement` (`$1` a fixed cutoff, `$2` the batch) deletes from
+/// `table`, which names its errors and its metric.
+struct Prune {
     statement: &'static str,
     table: Table,
     cutoff: DateTime<Utc>,
+    deleted: u64,
+    done: bool,
+}
+
+impl Prune {
+    /// Published rows older than `keep`.
+    async fn published(pool: &PgPool, keep: Duration) -> Result<Prune> {
+        Ok(Prune::new(
+            PRUNE_PUBLISHED,
+            OUTBOX_EVENTS,
+            cutoff(pool, keep).await?,
+        ))
+    }
+
+    /// Dedupe rows older than `keep`, once their cutoff is recorded as the dedupe horizon;
+    /// `None` when there is none.
+    async fn dedupe(pool: &PgPool, keep: Duration) -> Result<Option<Prune>> {
+        let cutoff = cutoff(pool, keep).await?;
+        let any: bool = sqlx::query_scalar(
+            "select exists (select 1 from outbox_consumed where consumed_at < $1)",
+        )
+        .bind(cutoff)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| OUTBOX_CONSUMED.error(e))?;
+        if !any {
+            return Ok(None);
+        }
+        sqlx::query(
+            "insert into outbox_dedupe_horizon as h (pruned_before) values ($1) \
+             on conflict (id) do update set pruned_before = greatest(h.pruned_before, excluded.pruned_before)",
+        )
+        .bind(cutoff)
+        .execute(pool)
+        .await
+        .map_err(|e| DEDUPE_HORIZON.error(e))?;
+        Ok(Some(Prune::new(PRUNE_DEDUPE, OUTBOX_CONSUMED, cutoff)))
+    }
+
+    fn new(statement: &'static str, table: Table, cutoff: DateTime<Utc>) -> Prune {
+        Prune {
+            statement,
+            table,
+            cutoff,
+            deleted: 0,
+            done: false,
+        }
+    }
+}
+
+/// Runs the `prunes` in turns, one statement of each, until each has run one that deleted
+/// fewer than `batch` rows or failed, pausing after each so that statements take at most
+/// `busy_percent` of the time (timed on a connection already taken from the pool: waiting for
+/// one is not the statement's cost). In turns, so that a table with hours of backlog does not
+/// hold off the other, and a table whose statement fails does not stop the other: the first
+/// error is returned once every prune is done. Each statement's rows count in the metric as it
+/// completes (a pass can run for hours at a low share), and in its prune's `deleted`; the
+/// total is returned. `skip locked` fills a batch from the rows after a held one, so a short
+/// batch means no unheld row is left.
+async fn in_turns(
+    pool: &PgPool,
+    prunes: &mut [Prune],
     batch: i64,
     busy_percent: u8,
 ) -> Result<u64> {
-    let mut total = 0;
-    loop {
-        let mut conn = pool.acquire().await?;
-        let started = std::time::Instant::now();
-        let n = sqlx::query(statement)
-            .bind(cutoff)
-            .bind(batch)
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| table.error(e))?
-            .rows_affected();
-        let took = started.elapsed();
-        drop(conn);
-        metrics::counter!(m::PRUNED, "table" => table.name).increment(n);
-        total += n;
-        if n < batch as u64 {
-            return Ok(total);
-        }
-        let pause = pause_after(took, busy_percent);
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
+    let mut failed = None;
+    while prunes.iter().any(|p| !p.done) {
+        for prune in prunes.iter_mut().filter(|p| !p.done) {
+            let (n, took) = match delete_once(pool, prune, batch).await {
+                Ok(deleted) => deleted,
+                Err(e) => {
+                    prune.done = true;
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            metrics::counter!(m::PRUNED, "table" => prune.table.name).increment(n);
+            prune.deleted += n;
+            if n < batch as u64 {
+                prune.done = true;
+                continue;
+            }
+            let pause = pause_after(took, busy_percent);
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
         }
     }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(prunes.iter().map(|p| p.deleted).sum()),
+    }
+}
+
+/// One of `prune`'s statements: the rows it deleted, and how long it took once it had its
+/// connection.
+async fn delete_once(pool: &PgPool, prune: &Prune, batch: i64) -> Result<(u64, Duration)> {
+    let mut conn = pool.acquire().await?;
+    let started = std::time::Instant::now();
+    let n = sqlx::query(prune.statement)
+        .bind(prune.cutoff)
+        .bind(batch)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| prune.table.error(e))?
+        .rows_affected();
+    Ok((n, started.elapsed()))
 }
 
 /// How many published rows [`prune_published`] would delete now (a dry run).
@@ -278,33 +346,10 @@ pub async fn prune_dedupe_paced(
 ) -> Result<u64> {
     check_batch(batch)?;
     check_busy(busy_percent)?;
-    let cutoff = cutoff(pool, keep).await?;
-    let any: bool =
-        sqlx::query_scalar("select exists (select 1 from outbox_consumed where consumed_at < $1)")
-            .bind(cutoff)
-            .fetch_one(pool)
-            .await
-            .map_err(|e| OUTBOX_CONSUMED.error(e))?;
-    if !any {
-        return Ok(0);
+    match Prune::dedupe(pool, keep).await? {
+        Some(prune) => in_turns(pool, &mut [prune], batch, busy_percent).await,
+        None => Ok(0),
     }
-    sqlx::query(
-        "insert into outbox_dedupe_horizon as h (pruned_before) values ($1) \
-         on conflict (id) do update set pruned_before = greatest(h.pruned_before, excluded.pruned_before)",
-    )
-    .bind(cutoff)
-    .execute(pool)
-    .await
-    .map_err(|e| DEDUPE_HORIZON.error(e))?;
-    delete_in_batches(
-        pool,
-        PRUNE_DEDUPE,
-        OUTBOX_CONSUMED,
-        cutoff,
-        batch,
-        busy_percent,
-    )
-    .await
 }
 
 /// A retention task: prunes on a schedule, at the pace of [`RetentionConfig::busy_percent`].
@@ -330,20 +375,42 @@ impl Retention {
         Ok(Self { pool, config })
     }
 
-    /// One pass: prunes published rows, then dedupe rows, pausing between statements.
-    /// Returns `(published, dedupe)` counts.
+    /// One pass: prunes published rows and dedupe rows in turns, one statement of each,
+    /// pausing between statements, so that hours of published backlog do not hold off dedupe
+    /// pruning, and an error on one table does not stop the other (the first error is
+    /// returned once both are done). Returns `(published, dedupe)` counts.
     pub async fn run_once(&self) -> Result<(u64, u64)> {
         let c = &self.config;
-        let (batch, busy) = (c.batch_size, c.busy_percent);
-        let published = prune_published_paced(&self.pool, c.keep_published, batch, busy).await?;
-        let dedupe = match c.keep_dedupe {
-            Some(keep) => prune_dedupe_paced(&self.pool, keep, batch, busy).await?,
-            None => 0,
+        let mut prunes = Vec::with_capacity(2);
+        let mut failed = None;
+        match Prune::published(&self.pool, c.keep_published).await {
+            Ok(prune) => prunes.push(prune),
+            Err(e) => failed = Some(e),
+        }
+        if let Some(keep) = c.keep_dedupe {
+            match Prune::dedupe(&self.pool, keep).await {
+                Ok(prune) => prunes.extend(prune),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        let ran = in_turns(&self.pool, &mut prunes, c.batch_size, c.busy_percent).await;
+        let deleted = |table: Table| {
+            prunes
+                .iter()
+                .filter(|p| p.table.name == table.name)
+                .map(|p| p.deleted)
+                .sum::<u64>()
         };
+        let (published, dedupe) = (deleted(OUTBOX_EVENTS), deleted(OUTBOX_CONSUMED));
         if published + dedupe > 0 {
             tracing::info!(published, dedupe, "retention pruned spent rows");
         }
-        Ok((published, dedupe))
+        match failed {
+            Some(e) => Err(e),
+            None => ran.map(|_| (published, dedupe)),
+        }
     }
 
     /// Runs [`Retention::run_once`] every `interval` until `shutdown` resolves, which also

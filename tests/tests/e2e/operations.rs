@@ -1,6 +1,7 @@
 //! What operators see and do: retention pruning under load without ever deleting an
-//! unpublished row, its window and dry run, its refusal of a batch below one, its pace. (Status
-//! during a broker outage, which stops a private server, is in the `outage` binary.)
+//! unpublished row, its window and dry run, its refusal of a batch below one, its pace, its
+//! turns between the two tables. (Status during a broker outage, which stops a private server,
+//! is in the `outage` binary.)
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -418,6 +419,104 @@ async fn dedupe_pruning_deletes_only_the_rows_past_the_keep_in_batches() {
     .unwrap();
     assert_eq!((left, old), (500, 0));
     assert_eq!(retention::prune_dedupe(pool, keep, 1000).await.unwrap(), 0);
+}
+
+/// Inserts `n` dedupe rows consumed 20 days ago (outside a 14-day keep).
+async fn insert_old_dedupe(pool: &sqlx::PgPool, n: i64) {
+    sqlx::query(
+        "insert into outbox_consumed (consumer, event_id, consumed_at) \
+         select 'c', gen_random_uuid(), now() - interval '20 days' from generate_series(1, $1)",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Published rows and dedupe rows past their keep.
+async fn expired_rows(pool: &sqlx::PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "select (select count(*) from outbox_events where published_at < now() - interval '7 days'), \
+                (select count(*) from outbox_consumed where consumed_at < now() - interval '14 days')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_pass_takes_the_tables_in_turns_so_a_published_backlog_holds_off_no_dedupe_pruning() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    insert_expired(pool, 1_000).await;
+    insert_old_dedupe(pool, 1_000).await;
+    // ten rows per statement at 1% busy: each statement is followed by a pause 99 times as
+    // long, so the pass lasts long enough to be watched
+    let config = retention::RetentionConfig {
+        batch_size: 10,
+        busy_percent: 1,
+        ..Default::default()
+    };
+    let task = retention::Retention::new(pool.clone(), config).expect("a valid configuration");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        task.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    // the published table's second statement comes after the dedupe table's first
+    eventually(
+        Duration::from_secs(60),
+        "two statements' published rows deleted",
+        || async { expired_rows(pool).await.0 <= 980 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    let (published, dedupe) = expired_rows(pool).await;
+    assert!(
+        published > 0,
+        "the pass was stopped before its published rows ran out"
+    );
+    assert!(
+        dedupe <= 990,
+        "dedupe rows waited for the published backlog: {dedupe} of 1,000 left while published rows went down to {published}"
+    );
+}
+
+#[tokio::test]
+async fn a_pass_whose_published_prune_fails_still_prunes_dedupe_rows_and_returns_the_error() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    insert_expired(pool, 50).await;
+    insert_old_dedupe(pool, 50).await;
+    // the task's statements give up on a lock after 200 ms; the test holds outbox_events
+    let task_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(ctx.db.options.clone().options([("lock_timeout", "200ms")]))
+        .await
+        .unwrap();
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("lock table outbox_events in share mode")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let task = retention::Retention::new(task_pool, retention::RetentionConfig::default())
+        .expect("a valid configuration");
+    let e = task.run_once().await.unwrap_err().to_string();
+    assert!(
+        e.contains("lock timeout"),
+        "the published prune's error: {e}"
+    );
+    lock.rollback().await.unwrap();
+    assert_eq!(
+        expired_rows(pool).await,
+        (50, 0),
+        "the published rows are kept, the dedupe rows pruned"
+    );
+    // the next pass takes the rest
+    assert_eq!(task.run_once().await.unwrap(), (50, 0));
 }
 
 /// Inserts `n` published rows of subject `ops-<i>`, published 9 days ago (outside a 7-day keep).
