@@ -580,6 +580,15 @@ async fn prune(args: PruneArgs) -> Result<ExitCode> {
     let pool = connect::pool(&args.db, 1).await?;
     let keep = Duration::try_from_secs_f64(args.keep_hours * 3600.0)
         .map_err(|_| CliError::msg("--keep-hours must be a non-negative number"))?;
+    // both keeps are checked before any row is deleted
+    let keep_dedupe = args
+        .keep_dedupe_hours
+        .map(|h| {
+            Duration::try_from_secs_f64(h * 3600.0)
+                .map(|keep| (h, keep))
+                .map_err(|_| CliError::msg("--keep-dedupe-hours must be a non-negative number"))
+        })
+        .transpose()?;
     if args.dry_run {
         let n = outbox_runtime::retention::count_prunable(&pool, keep).await?;
         println!(
@@ -594,9 +603,7 @@ async fn prune(args: PruneArgs) -> Result<ExitCode> {
         "deleted {n} published row(s) older than {}h",
         args.keep_hours
     );
-    if let Some(h) = args.keep_dedupe_hours {
-        let keep = Duration::try_from_secs_f64(h * 3600.0)
-            .map_err(|_| CliError::msg("--keep-dedupe-hours must be a non-negative number"))?;
+    if let Some((h, keep)) = keep_dedupe {
         let n = outbox_runtime::retention::prune_dedupe_paced(&pool, keep, batch, busy).await?;
         println!("deleted {n} dedupe row(s) older than {h}h");
     }

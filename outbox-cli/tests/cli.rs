@@ -1483,6 +1483,24 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
         );
         assert_eq!(remaining().await, all, "a refused prune deletes nothing");
     }
+    // a dedupe keep that is no duration is refused before the published rows are pruned
+    let out = run([
+        "prune",
+        "--database-url",
+        &url,
+        "--keep-hours",
+        "1",
+        "--keep-dedupe-hours=-1",
+    ])
+    .await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr
+            .contains("--keep-dedupe-hours must be a non-negative number"),
+        "names the flag:\n{}",
+        out.stderr
+    );
+    assert_eq!(remaining().await, all, "a refused prune deletes nothing");
 
     // one row a statement, paced: the pauses between full batches lose nothing
     let out = run([

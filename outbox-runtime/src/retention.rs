@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::metrics as m;
@@ -201,6 +202,8 @@ struct Prune {
     cutoff: DateTime<Utc>,
     deleted: u64,
     done: bool,
+    /// The last statement's error, while the prune waits to try again (until `retry_at`).
+    failed: Option<(Error, Instant)>,
 }
 
 impl Prune {
@@ -245,50 +248,74 @@ impl Prune {
             cutoff,
             deleted: 0,
             done: false,
+            failed: None,
         }
+    }
+
+    /// Whether the prune still deletes: not done, and not waiting after a failed statement.
+    fn going(&self) -> bool {
+        !self.done && self.failed.is_none()
     }
 }
 
 /// Runs the `prunes` in turns, one statement of each, until each has run one that deleted
-/// fewer than `batch` rows or failed, pausing after each so that statements take at most
-/// `busy_percent` of the time (timed on a connection already taken from the pool: waiting for
-/// one is not the statement's cost). In turns, so that a table with hours of backlog does not
-/// hold off the other, and a table whose statement fails does not stop the other: the first
-/// error is returned once every prune is done. Each statement's rows count in the metric as it
-/// completes (a pass can run for hours at a low share), and in its prune's `deleted`; the
-/// total is returned. `skip locked` fills a batch from the rows after a held one, so a short
-/// batch means no unheld row is left.
+/// fewer than `batch` rows, pausing after each so that statements take at most `busy_percent`
+/// of the time (timed on a connection already taken from the pool: waiting for one is not the
+/// statement's cost). In turns, so that a table with hours of backlog does not hold off the
+/// other. A failed statement is logged naming its table, and its prune tries again after
+/// [`MAX_PAUSE`] while another prune goes on; once none goes on, the first error is returned
+/// (alone, a prune returns its error at once, as the pass's next start tries again). Each
+/// statement's rows count in the metric as it completes (a pass can run for hours at a low
+/// share), and in its prune's `deleted`; the total is returned. `skip locked` fills a batch
+/// from the rows after a held one, so a short batch means no unheld row is left.
 async fn in_turns(
     pool: &PgPool,
     prunes: &mut [Prune],
     batch: i64,
     busy_percent: u8,
 ) -> Result<u64> {
-    let mut failed = None;
-    while prunes.iter().any(|p| !p.done) {
-        for prune in prunes.iter_mut().filter(|p| !p.done) {
-            let (n, took) = match delete_once(pool, prune, batch).await {
-                Ok(deleted) => deleted,
-                Err(e) => {
-                    prune.done = true;
-                    failed.get_or_insert(e);
-                    continue;
-                }
-            };
-            metrics::counter!(m::PRUNED, "table" => prune.table.name).increment(n);
-            prune.deleted += n;
-            if n < batch as u64 {
-                prune.done = true;
+    while prunes.iter().any(Prune::going) {
+        for i in 0..prunes.len() {
+            let prune = &mut prunes[i];
+            if prune.done
+                || prune
+                    .failed
+                    .as_ref()
+                    .is_some_and(|(_, at)| *at > Instant::now())
+            {
                 continue;
             }
-            let pause = pause_after(took, busy_percent);
-            if !pause.is_zero() {
-                tokio::time::sleep(pause).await;
+            match delete_once(pool, prune, batch).await {
+                Ok((n, took)) => {
+                    prune.failed = None;
+                    metrics::counter!(m::PRUNED, "table" => prune.table.name).increment(n);
+                    prune.deleted += n;
+                    if n < batch as u64 {
+                        prune.done = true;
+                        continue;
+                    }
+                    let pause = pause_after(took, busy_percent);
+                    if !pause.is_zero() {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+                Err(e) => {
+                    let table = prune.table.name;
+                    prune.failed = Some((e, Instant::now() + MAX_PAUSE));
+                    if prunes.iter().any(Prune::going) {
+                        let e = &prunes[i].failed.as_ref().expect("just set").0;
+                        tracing::warn!(
+                            table,
+                            error = %e,
+                            "retention could not delete from {table}; the pass goes on with the other table and tries again in a minute"
+                        );
+                    }
+                }
             }
         }
     }
-    match failed {
-        Some(e) => Err(e),
+    match prunes.iter_mut().find_map(|p| p.failed.take()) {
+        Some((e, _)) => Err(e),
         None => Ok(prunes.iter().map(|p| p.deleted).sum()),
     }
 }
@@ -297,7 +324,7 @@ async fn in_turns(
 /// connection.
 async fn delete_once(pool: &PgPool, prune: &Prune, batch: i64) -> Result<(u64, Duration)> {
     let mut conn = pool.acquire().await?;
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let n = sqlx::query(prune.statement)
         .bind(prune.cutoff)
         .bind(batch)
@@ -377,8 +404,10 @@ impl Retention {
 
     /// One pass: prunes published rows and dedupe rows in turns, one statement of each,
     /// pausing between statements, so that hours of published backlog do not hold off dedupe
-    /// pruning, and an error on one table does not stop the other (the first error is
-    /// returned once both are done). Returns `(published, dedupe)` counts.
+    /// pruning. A statement that fails on one table does not stop the other: it is logged
+    /// (at warn, naming the table), the table is tried again a minute later while the other
+    /// goes on, and once neither goes on the first error is returned. Returns `(published,
+    /// dedupe)` counts.
     pub async fn run_once(&self) -> Result<(u64, u64)> {
         let c = &self.config;
         let mut prunes = Vec::with_capacity(2);

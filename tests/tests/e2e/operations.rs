@@ -450,11 +450,11 @@ async fn a_pass_takes_the_tables_in_turns_so_a_published_backlog_holds_off_no_de
     let pool = ctx.pool();
     insert_expired(pool, 1_000).await;
     insert_old_dedupe(pool, 1_000).await;
-    // ten rows per statement at 1% busy: each statement is followed by a pause 99 times as
+    // ten rows per statement at 5% busy: each statement is followed by a pause 19 times as
     // long, so the pass lasts long enough to be watched
     let config = retention::RetentionConfig {
         batch_size: 10,
-        busy_percent: 1,
+        busy_percent: 5,
         ..Default::default()
     };
     let task = retention::Retention::new(pool.clone(), config).expect("a valid configuration");
@@ -487,6 +487,8 @@ async fn a_pass_takes_the_tables_in_turns_so_a_published_backlog_holds_off_no_de
 
 #[tokio::test]
 async fn a_pass_whose_published_prune_fails_still_prunes_dedupe_rows_and_returns_the_error() {
+    let warnings = outbox_tests::warnings::Warnings::default();
+    let _recording = warnings.record();
     let ctx = Ctx::new().await;
     let pool = ctx.pool();
     insert_expired(pool, 50).await;
@@ -508,6 +510,13 @@ async fn a_pass_whose_published_prune_fails_still_prunes_dedupe_rows_and_returns
     assert!(
         e.contains("lock timeout"),
         "the published prune's error: {e}"
+    );
+    let logged = warnings.messages();
+    assert!(
+        logged
+            .iter()
+            .any(|m| m.contains("outbox_events") && m.contains("goes on with the other table")),
+        "the failure is logged naming its table as the pass goes on: {logged:?}"
     );
     lock.rollback().await.unwrap();
     assert_eq!(
