@@ -17,7 +17,9 @@
 //! deleted about 1,100 rows a second on a 12 GB table with its expired rows scattered, 700
 //! beside a relay draining at full speed (docs/performance.md, *Retention that waits its turn*):
 //! raise the share when the service publishes more than that for hours on end, and keep one
-//! retention task per database (each one takes its own share).
+//! retention task per database (each one takes its own share). A pass takes the published
+//! and the dedupe table in turns, one statement of each, so the rate is split between them
+//! while both have rows to delete.
 //!
 //! # Sizing
 //!
