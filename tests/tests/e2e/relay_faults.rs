@@ -774,9 +774,14 @@ async fn a_drained_backlogs_index_entries_are_not_walked_again_at_every_batch() 
         backlog_pages > 50,
         "the drained backlog left {backlog_pages} pages of entries: too few to tell"
     );
+    // A statement that walks the drained entries reads the whole index (124.9 pages a scan
+    // with this backlog before floors followed); one that starts after them, a few pages
+    // (4.4). Each lane also looks below its floor once a second while events come (a walk
+    // of the whole index, by design), so the slower the machine emits, the more those looks
+    // weigh in the mean (10.1 on a busy CI machine): the bound is a quarter of a walk.
     assert!(
-        pages / scans.max(1) < 10,
-        "the relay's statements walked the drained backlog's entries again: {pages} pages in {scans} scans"
+        pages / scans.max(1) < backlog_pages / 4,
+        "the relay's statements walked the drained backlog's entries again: {pages} pages in {scans} scans, the index has {backlog_pages}"
     );
     stop.send(()).unwrap();
     running.await.unwrap();
