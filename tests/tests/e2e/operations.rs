@@ -528,6 +528,76 @@ async fn a_pass_whose_published_prune_fails_still_prunes_dedupe_rows_and_returns
     assert_eq!(task.run_once().await.unwrap(), (50, 0));
 }
 
+/// A pass's published prune fails once (a lock timeout) while its dedupe prune has hours of
+/// rows ahead: the published table is tried again within the same pass a minute later, not
+/// set aside until the dedupe rows run out. (The interval between passes is an hour: only the
+/// same pass can prune the published rows.) About a minute long.
+#[tokio::test]
+async fn a_table_whose_statement_failed_is_tried_again_a_minute_later_in_the_same_pass() {
+    let warnings = outbox_tests::warnings::Warnings::default();
+    let _recording = warnings.record();
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    insert_expired(pool, 20).await;
+    // one row a statement, busy 1%: far more than the test's minutes
+    insert_old_dedupe(pool, 100_000).await;
+    let task_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(ctx.db.options.clone().options([("lock_timeout", "200ms")]))
+        .await
+        .unwrap();
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("lock table outbox_events in share mode")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let config = retention::RetentionConfig {
+        batch_size: 1,
+        busy_percent: 1,
+        interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let task = retention::Retention::new(task_pool, config).expect("a valid configuration");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        task.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    eventually(
+        Duration::from_secs(30),
+        "the published prune's failure logged",
+        || async {
+            warnings
+                .messages()
+                .iter()
+                .any(|m| m.contains("outbox_events"))
+        },
+    )
+    .await;
+    lock.rollback().await.unwrap();
+    let failed_at = std::time::Instant::now();
+    eventually(
+        Duration::from_secs(120),
+        "the published rows pruned in the same pass",
+        || async { expired_rows(pool).await.0 == 0 },
+    )
+    .await;
+    let waited = failed_at.elapsed();
+    let dedupe_left = expired_rows(pool).await.1;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    assert!(
+        dedupe_left > 0,
+        "the dedupe prune was still going: the same pass tried the published table again"
+    );
+    assert!(
+        waited >= Duration::from_secs(50),
+        "the failed table waited about a minute, not {waited:?}"
+    );
+}
+
 /// Inserts `n` published rows of subject `ops-<i>`, published 9 days ago (outside a 7-day keep).
 async fn insert_expired(pool: &sqlx::PgPool, n: i64) {
     sqlx::query(
