@@ -20,7 +20,8 @@ use super::listen::AbortOnDrop;
 /// stream's name.
 const ELECTED: &str = "$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.*";
 const QUORUM_LOST: &str = "$JS.EVENT.ADVISORY.STREAM.QUORUM_LOST.*";
-/// The most streams remembered; past it, announcements older than [`FORGET_AFTER`] go.
+/// The most streams remembered; past it, announcements older than [`FORGET_AFTER`] go, and
+/// if none is that old, the oldest one: a new announcement is always kept.
 const STREAMS_MAX: usize = 10_000;
 const FORGET_AFTER: Duration = Duration::from_secs(600);
 
@@ -80,7 +81,13 @@ fn note(announced: &Announced, stream: &str, at: Instant) {
     if announced.len() >= STREAMS_MAX && !announced.contains_key(stream) {
         announced.retain(|_, then| at.saturating_duration_since(*then) < FORGET_AFTER);
         if announced.len() >= STREAMS_MAX {
-            return;
+            let oldest = announced
+                .iter()
+                .min_by_key(|(_, then)| **then)
+                .map(|(name, _)| name.clone());
+            if let Some(oldest) = oldest {
+                announced.remove(&oldest);
+            }
         }
     }
     announced.insert(stream.to_owned(), at);
@@ -111,5 +118,25 @@ mod tests {
         assert!(elections.within("NEW", Duration::from_secs(1)));
         let len = elections.announced.lock().unwrap().len();
         assert_eq!(len, 1, "the old ones went");
+    }
+
+    #[tokio::test]
+    async fn a_full_map_of_recent_announcements_forgets_the_oldest_and_keeps_the_new_one() {
+        let elections = Elections::default();
+        let then = Instant::now();
+        for n in 0..STREAMS_MAX {
+            let at = then + Duration::from_millis(n as u64);
+            note(&elections.announced, &format!("S{n}"), at);
+        }
+        let now = then + Duration::from_secs(11);
+        note(&elections.announced, "ORDERS", now);
+        let announced = elections.announced.lock().unwrap();
+        assert_eq!(announced.len(), STREAMS_MAX);
+        assert!(
+            announced.contains_key("ORDERS"),
+            "the new announcement is kept"
+        );
+        assert!(!announced.contains_key("S0"), "the oldest went");
+        assert!(announced.contains_key("S1"));
     }
 }
