@@ -204,7 +204,7 @@ struct Prune {
     cutoff: DateTime<Utc>,
     deleted: u64,
     done: bool,
-    /// The last statement's error, while the prune waits to try again (until `retry_at`).
+    /// The last statement's error, and when the prune tries again.
     failed: Option<(Error, Instant)>,
 }
 
@@ -258,6 +258,15 @@ impl Prune {
     fn going(&self) -> bool {
         !self.done && self.failed.is_none()
     }
+
+    /// Whether the prune runs a statement at its turn: not done, and not before its retry.
+    fn due(&self) -> bool {
+        !self.done
+            && self
+                .failed
+                .as_ref()
+                .is_none_or(|(_, at)| *at <= Instant::now())
+    }
 }
 
 /// Runs the `prunes` in turns, one statement of each, until each has run one that deleted
@@ -279,12 +288,7 @@ async fn in_turns(
     while prunes.iter().any(Prune::going) {
         for i in 0..prunes.len() {
             let prune = &mut prunes[i];
-            if prune.done
-                || prune
-                    .failed
-                    .as_ref()
-                    .is_some_and(|(_, at)| *at > Instant::now())
-            {
+            if !prune.due() {
                 continue;
             }
             match delete_once(pool, prune, batch).await {
@@ -303,15 +307,15 @@ async fn in_turns(
                 }
                 Err(e) => {
                     let table = prune.table.name;
-                    prune.failed = Some((e, Instant::now() + MAX_PAUSE));
-                    if prunes.iter().any(Prune::going) {
-                        let e = &prunes[i].failed.as_ref().expect("just set").0;
+                    let others_go = prunes.iter().enumerate().any(|(j, p)| j != i && p.going());
+                    if others_go {
                         tracing::warn!(
                             table,
                             error = %e,
                             "retention could not delete from {table}; the pass goes on with the other table and tries again in a minute"
                         );
                     }
+                    prunes[i].failed = Some((e, Instant::now() + MAX_PAUSE));
                 }
             }
         }
@@ -428,11 +432,8 @@ impl Retention {
         }
         let ran = in_turns(&self.pool, &mut prunes, c.batch_size, c.busy_percent).await;
         let deleted = |table: Table| {
-            prunes
-                .iter()
-                .filter(|p| p.table.name == table.name)
-                .map(|p| p.deleted)
-                .sum::<u64>()
+            let prune = prunes.iter().find(|p| p.table.name == table.name);
+            prune.map_or(0, |p| p.deleted)
         };
         let (published, dedupe) = (deleted(OUTBOX_EVENTS), deleted(OUTBOX_CONSUMED));
         if published + dedupe > 0 {
