@@ -292,6 +292,14 @@ fn secs(s: f64, flag: &str) -> Result<Duration> {
     })
 }
 
+fn hours(h: f64, flag: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(h * 3600.0).map_err(|_| {
+        CliError::msg(format!(
+            "--{flag} must be a non-negative number of hours, got {h}"
+        ))
+    })
+}
+
 pub async fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Migrate { db } => {
@@ -578,16 +586,11 @@ pub(crate) fn shown(value: &str) -> String {
 
 async fn prune(args: PruneArgs) -> Result<ExitCode> {
     let pool = connect::pool(&args.db, 1).await?;
-    let keep = Duration::try_from_secs_f64(args.keep_hours * 3600.0)
-        .map_err(|_| CliError::msg("--keep-hours must be a non-negative number"))?;
     // both keeps are checked before any row is deleted
+    let keep = hours(args.keep_hours, "keep-hours")?;
     let keep_dedupe = args
         .keep_dedupe_hours
-        .map(|h| {
-            Duration::try_from_secs_f64(h * 3600.0)
-                .map(|keep| (h, keep))
-                .map_err(|_| CliError::msg("--keep-dedupe-hours must be a non-negative number"))
-        })
+        .map(|h| hours(h, "keep-dedupe-hours").map(|keep| (h, keep)))
         .transpose()?;
     if args.dry_run {
         let n = outbox_runtime::retention::count_prunable(&pool, keep).await?;

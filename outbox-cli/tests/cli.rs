@@ -1450,16 +1450,14 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
     };
     let mut all = vec![ids[0], ids[1], ids[2], pending];
     all.sort();
+    // `outbox prune` keeping an hour of published rows, with `more` arguments
+    let prune_keeping_an_hour = |more: &[&str]| {
+        let args = ["prune", "--database-url", &url, "--keep-hours", "1"];
+        let args: Vec<String> = args.iter().chain(more).map(|a| a.to_string()).collect();
+        run(args)
+    };
 
-    let out = run([
-        "prune",
-        "--database-url",
-        &url,
-        "--keep-hours",
-        "1",
-        "--dry-run",
-    ])
-    .await;
+    let out = prune_keeping_an_hour(&["--dry-run"]).await;
     out.expect_code(0).assert_clean();
     assert_eq!(
         out.stdout.trim(),
@@ -1484,15 +1482,7 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
         assert_eq!(remaining().await, all, "a refused prune deletes nothing");
     }
     // a dedupe keep that is no duration is refused before the published rows are pruned
-    let out = run([
-        "prune",
-        "--database-url",
-        &url,
-        "--keep-hours",
-        "1",
-        "--keep-dedupe-hours=-1",
-    ])
-    .await;
+    let out = prune_keeping_an_hour(&["--keep-dedupe-hours=-1"]).await;
     out.expect_code(2).assert_clean();
     assert!(
         out.stderr
@@ -1503,18 +1493,7 @@ async fn stream_ensure_tail_and_prune_work_from_the_command_line() {
     assert_eq!(remaining().await, all, "a refused prune deletes nothing");
 
     // one row a statement, paced: the pauses between full batches lose nothing
-    let out = run([
-        "prune",
-        "--database-url",
-        &url,
-        "--keep-hours",
-        "1",
-        "--batch-size",
-        "1",
-        "--busy-percent",
-        "50",
-    ])
-    .await;
+    let out = prune_keeping_an_hour(&["--batch-size", "1", "--busy-percent", "50"]).await;
     out.expect_code(0).assert_clean();
     assert_eq!(
         out.stdout.trim(),

@@ -173,11 +173,7 @@ async fn a_paced_retention_task_waits_after_each_statement_and_ends_its_pass_at_
 
     // the first statement is made to take at least 300 ms: it waits for a table lock the test
     // holds (`share` lets reads through and holds deletes)
-    let mut lock = pool.begin().await.unwrap();
-    sqlx::query("lock table outbox_events in share mode")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let lock = hold_outbox_events(pool).await;
     let task_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect_with(ctx.db.options.clone())
@@ -191,13 +187,7 @@ async fn a_paced_retention_task_waits_after_each_statement_and_ends_its_pass_at_
         ..Default::default()
     };
     let task = retention::Retention::new(task_pool.clone(), config).expect("a valid configuration");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        task.run(async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let (stop, running) = run_retention(task);
     eventually(
         Duration::from_secs(10),
         "the task's delete waiting for the lock",
@@ -433,6 +423,44 @@ async fn insert_old_dedupe(pool: &sqlx::PgPool, n: i64) {
     .unwrap();
 }
 
+/// Holds `outbox_events` in `share` mode (reads go through, deletes wait) until the returned
+/// transaction ends.
+async fn hold_outbox_events(pool: &sqlx::PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("lock table outbox_events in share mode")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    lock
+}
+
+/// A pool of two connections to the test's database whose statements give up on a lock after
+/// 200 ms.
+async fn pool_giving_up_on_locks(ctx: &Ctx) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(ctx.db.options.clone().options([("lock_timeout", "200ms")]))
+        .await
+        .unwrap()
+}
+
+/// Runs `task` until the returned sender sends (or is dropped).
+fn run_retention(
+    task: retention::Retention,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        task.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    (stop, running)
+}
+
 /// Published rows and dedupe rows past their keep.
 async fn expired_rows(pool: &sqlx::PgPool) -> (i64, i64) {
     sqlx::query_as(
@@ -458,13 +486,7 @@ async fn a_pass_takes_the_tables_in_turns_so_a_published_backlog_holds_off_no_de
         ..Default::default()
     };
     let task = retention::Retention::new(pool.clone(), config).expect("a valid configuration");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        task.run(async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let (stop, running) = run_retention(task);
     // the published table's second statement comes after the dedupe table's first
     eventually(
         Duration::from_secs(60),
@@ -494,16 +516,8 @@ async fn a_pass_whose_published_prune_fails_still_prunes_dedupe_rows_and_returns
     insert_expired(pool, 50).await;
     insert_old_dedupe(pool, 50).await;
     // the task's statements give up on a lock after 200 ms; the test holds outbox_events
-    let task_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(ctx.db.options.clone().options([("lock_timeout", "200ms")]))
-        .await
-        .unwrap();
-    let mut lock = pool.begin().await.unwrap();
-    sqlx::query("lock table outbox_events in share mode")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let task_pool = pool_giving_up_on_locks(&ctx).await;
+    let lock = hold_outbox_events(pool).await;
     let task = retention::Retention::new(task_pool, retention::RetentionConfig::default())
         .expect("a valid configuration");
     let e = task.run_once().await.unwrap_err().to_string();
@@ -541,16 +555,8 @@ async fn a_table_whose_statement_failed_is_tried_again_a_minute_later_in_the_sam
     insert_expired(pool, 20).await;
     // one row a statement, busy 1%: far more than the test's minutes
     insert_old_dedupe(pool, 100_000).await;
-    let task_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(ctx.db.options.clone().options([("lock_timeout", "200ms")]))
-        .await
-        .unwrap();
-    let mut lock = pool.begin().await.unwrap();
-    sqlx::query("lock table outbox_events in share mode")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let task_pool = pool_giving_up_on_locks(&ctx).await;
+    let lock = hold_outbox_events(pool).await;
     let config = retention::RetentionConfig {
         batch_size: 1,
         busy_percent: 1,
@@ -558,13 +564,7 @@ async fn a_table_whose_statement_failed_is_tried_again_a_minute_later_in_the_sam
         ..Default::default()
     };
     let task = retention::Retention::new(task_pool, config).expect("a valid configuration");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(async move {
-        task.run(async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let (stop, running) = run_retention(task);
     eventually(
         Duration::from_secs(30),
         "the published prune's failure logged",
