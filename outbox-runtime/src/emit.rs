@@ -43,13 +43,14 @@ macro_rules! wake_lock {
 pub(crate) use wake_lock;
 
 /// The end of both inserts: the notification, sent only when the wake lock cannot be taken
-/// shared ([`WAKE_KEY`]).
+/// shared ([`WAKE_KEY`]). Its payload is the partition of 1024 of the event's subject, so that
+/// only the relay's lane that owns it claims.
 macro_rules! announced {
     () => {
         concat!(
             " select pg_notify('",
             notify_channel!(),
-            "', '') from inserted",
+            "', partition::text) from inserted",
             " where not pg_try_advisory_xact_lock_shared(",
             wake_lock!(),
             ")"
@@ -66,7 +67,8 @@ macro_rules! announced {
 const INSERT: &str = concat!(
     "with inserted as (",
     " insert into outbox_events (id, event_type, source, subject, time, data, created_at)",
-    " values ($1, $2, $3, $4, $5, $6, clock_timestamp()) returning 1)",
+    " values ($1, $2, $3, $4, $5, $6, clock_timestamp())",
+    " returning (hashtext(subject) & 2147483647) % 1024 as partition)",
     announced!()
 );
 
@@ -77,7 +79,8 @@ const INSERT: &str = concat!(
     "with inserted as (",
     " insert into outbox_events",
     " (id, event_type, source, subject, time, data, created_at, traceparent, tracestate)",
-    " values ($1, $2, $3, $4, $5, $6, clock_timestamp(), $7, $8) returning 1)",
+    " values ($1, $2, $3, $4, $5, $6, clock_timestamp(), $7, $8)",
+    " returning (hashtext(subject) & 2147483647) % 1024 as partition)",
     announced!()
 );
 

@@ -46,9 +46,14 @@ pub const UNSAFE_STREAM: &str = "outbox_stream_unsafe";
 /// Gauge: 1 while the relay's `LISTEN` connection is up and answers its heartbeat, 0 while it
 /// is not (the relay then finds new rows by its fallback poll only).
 pub const LISTENING: &str = "outbox_relay_listening";
-/// Gauge: the relays this relay sees running on its table (`outbox_relays`, itself included),
-/// between which the partitions are shared out.
-pub const RELAYS: &str = "outbox_relays_running";
+/// Gauge: 1 while this relay holds the relay lease and publishes, 0 while it stands by
+/// (docs/relay.md, *Several relays*): across a table's relays it sums to 1, or to 0 while none
+/// reaches both Postgres and NATS.
+pub const LEASE_HELD: &str = "outbox_relay_lease_held";
+/// Counter: relay batches that failed as a whole (a statement failed or timed out, Postgres
+/// could not be reached); the lane backs off and tries again. Rising while rows wait: a lane
+/// is stalled.
+pub const BATCH_FAILURES: &str = "outbox_relay_batch_failures_total";
 /// Histogram: rows claimed per committed relay batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 /// Histogram: seconds from a row's `created_at` to its publish ack (commit-to-ack lag, plus
@@ -104,7 +109,7 @@ pub const CONSUMER_DEAD_LETTERS: &str = "outbox_consumer_dead_letters_total";
 /// only once it exists, and `increase` misses the first increment of a series that appears:
 /// a counter alerted on exists from the start.
 pub(crate) fn register_relay() {
-    for name in [CUT_BATCHES, DUPLICATES] {
+    for name in [CUT_BATCHES, DUPLICATES, BATCH_FAILURES] {
         metrics::counter!(name).increment(0);
     }
 }

@@ -211,9 +211,11 @@ pub enum Unblock {
 
 /// Releases the held rows that `which` selects: rows the relay holds (at the attempt cap, or
 /// refused for good: no stream for their type, over `max_payload`, a row it cannot read) and
-/// rows at or past `max_attempts`. Their `attempts` go back to 0 and their subject's schedule
-/// is dropped, so the relay publishes them again, with their original id, then the events
-/// held behind them, in order. Returns their ids. The relay is woken at once.
+/// rows at or past `max_attempts`. Their `attempts` go back to 0 and their subject's retry
+/// comes due now, so the relay publishes them again, with their original id, then the events
+/// held behind them, in order (the relay itself releases the subject once the held row is
+/// published, so no later event of the subject can overtake it). Returns their ids. The relay
+/// is woken at once.
 ///
 /// Fix the cause first (a stream for the type, a larger `max_payload`, the row itself), or
 /// the rows will be held again.
@@ -231,12 +233,16 @@ pub async fn unblock(pool: &PgPool, which: &Unblock, max_attempts: i32) -> Resul
               and ($2::uuid[] is not null and $3::text is not null) and {filter} \
               and (e.attempts >= $1 \
                    or exists (select 1 from outbox_retries r where r.event_id = e.id and r.retry_at is null))), \
-         reset as (update outbox_events e set attempts = 0 from target t where e.id = t.id returning e.id), \
-         released as (delete from outbox_retries r using target t where r.event_id = t.id returning 1), \
-         wake as (select pg_notify('{}', '{}') from (select 1 from target limit 1) x) \
-         select id from reset, (select count(*) from wake) w, (select count(*) from released) d",
+         reset as (update outbox_events e set attempts = 0 from target t where e.id = t.id \
+                    returning e.id, e.subject, e.created_at), \
+         heads as (select distinct on (subject) subject, id from reset order by subject, created_at, id), \
+         due as (insert into outbox_retries as r (subject, event_id, retry_at, reason) \
+                  select subject, id, now(), 'released by an operator: it goes now' from heads \
+                  on conflict (subject) do update set retry_at = now(), reason = excluded.reason \
+                  returning 1), \
+         wake as (select pg_notify('{}', '') from (select 1 from target limit 1) x) \
+         select id from reset, (select count(*) from wake) w, (select count(*) from due) d",
         crate::NOTIFY_CHANNEL,
-        crate::relay::listen::RELEASE,
     );
     // `filter` is one of the fixed clauses above; the values go in as bind parameters
     let ids: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))

@@ -56,10 +56,10 @@ pub(crate) const OUTBOX_RETRIES: Table = Table {
     migration: "0005_outbox_retries.sql",
 };
 
-/// The running relays, for sharing the partitions out.
-pub(crate) const OUTBOX_RELAYS: Table = Table {
-    name: "outbox_relays",
-    migration: "0008_outbox_relays.sql",
+/// The relay lease: which of the relays running on the table publishes.
+pub(crate) const OUTBOX_RELAY_LEASE: Table = Table {
+    name: "outbox_relay_lease",
+    migration: "0011_outbox_relay_lease.sql",
 };
 
 /// The migration that adds the trace context columns (`traceparent`, `tracestate`) to the

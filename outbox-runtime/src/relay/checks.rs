@@ -9,15 +9,15 @@ use tokio::time::timeout;
 
 use super::config::RelayConfig;
 use crate::error::{Error, Result};
-use crate::table::{OUTBOX_EVENTS, OUTBOX_RELAYS, OUTBOX_RETRIES, TRACE_CONTEXT_MIGRATION};
+use crate::table::{OUTBOX_EVENTS, OUTBOX_RELAY_LEASE, OUTBOX_RETRIES, TRACE_CONTEXT_MIGRATION};
 
-/// The pool allows a connection per lane, one for the wake lock and one for the heartbeat and
-/// the gauges (the `LISTEN` connection is opened beside the pool).
+/// The pool allows a connection per lane and two for the lease and the gauges (the wake lock's
+/// and the `LISTEN` connection are opened beside the pool).
 pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
     let connections = pool.options().get_max_connections() as usize;
     if connections < config.lanes + 2 {
         return Err(Error::Config(format!(
-            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane, one for the wake lock and one for the heartbeat and the gauges; RelayConfig::pool_size() gives {}): raise the pool's max_connections or lower RelayConfig::lanes",
+            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane, and two for the lease and the gauges; RelayConfig::pool_size() gives {}): raise the pool's max_connections or lower RelayConfig::lanes",
             config.lanes,
             config.lanes + 2,
             config.pool_size()
@@ -27,13 +27,13 @@ pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
 }
 
 /// Postgres answers, is recent enough, and has the outbox table, the relay's retry
-/// schedule and the relays' table.
+/// schedule and the relay lease.
 pub(super) async fn tables(pool: &PgPool) -> Result<()> {
     let unreachable = |e: sqlx::Error| {
         let o = pool.connect_options();
         Error::unreachable("postgres", format!("{}:{}", o.get_host(), o.get_port()), e)
     };
-    for table in [OUTBOX_EVENTS, OUTBOX_RETRIES, OUTBOX_RELAYS] {
+    for table in [OUTBOX_EVENTS, OUTBOX_RETRIES, OUTBOX_RELAY_LEASE] {
         // the table names are the crate's own constants, never input
         let probe = sqlx::AssertSqlSafe(format!("select 1 from {} limit 0", table.name));
         sqlx::query(probe).execute(pool).await.map_err(|e| {

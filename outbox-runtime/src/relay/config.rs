@@ -37,12 +37,13 @@ pub struct RelayConfig {
     pub max_attempts: i32,
     /// The fallback poll, for notifications lost while the listener reconnects. Default 5 s.
     pub poll_interval: Duration,
-    /// Subject partitions of the advisory locks that order subjects across relays; every relay
-    /// on a table must use the same value. Default 1024 (docs/relay.md, *Order*).
+    /// Subject partitions the lanes share out (a subject's partition is a hash of it). Default
+    /// 1024, which the unpublished index of migration 0010 bounds, so that a lane reads only its
+    /// own rows (docs/relay.md, *Lanes*).
     pub partitions: i32,
-    /// Batch loops this relay runs at once, each on its share of the partitions; the pool
-    /// must allow `lanes + 2` connections. Between 1 and 64, at most `partitions`. Default 2
-    /// (docs/relay.md, *Lanes*).
+    /// Batch loops the relay holding the lease runs at once, each on its share of the
+    /// partitions; the pool must allow `lanes + 2` connections. Between 1 and 64, at most
+    /// `partitions`. Default 2 (docs/relay.md, *Lanes*).
     pub lanes: usize,
     /// NATS subjects (event types) this relay is expected to publish. At start it checks that a
     /// stream captures each one and that the stream's duplicate window covers
@@ -118,11 +119,11 @@ impl RelayConfig {
             .min(self.backoff_max)
     }
 
-    /// The connections a relay's pool should allow: one per lane, one for the wake lock, one
-    /// for the backlog gauges, one for the heartbeat in `outbox_relays`, and one to spare. The
-    /// `LISTEN` connection is opened beside the pool, with the pool's connect options, so that
-    /// a connection gone silent is dropped with its own pool of one instead of keeping one of
-    /// the relay's (the server counts it: `lanes + 5` connections in all).
+    /// The connections a relay's pool should allow: one per lane, one for the lease, one for
+    /// the backlog gauges, and two to spare. The wake lock's and the `LISTEN` connections are
+    /// opened beside the pool, with the pool's connect options, so that the server can end them
+    /// by itself when the relay freezes (the server counts them: `lanes + 6` connections in
+    /// all).
     /// [`Relay::connect`](crate::Relay::connect) opens a pool of this size;
     /// [`Relay::new`](crate::Relay::new) refuses a pool of fewer than `lanes + 2`.
     ///
@@ -148,12 +149,6 @@ impl RelayConfig {
     /// ```
     pub fn retry_horizon(&self) -> Duration {
         self.ack_timeout + self.backoff_max + LOOP_BACKOFF_MAX + super::tx::STATEMENT_TIMEOUT
-    }
-
-    /// How often a lane looks below its floor for a row that appeared there while subjects
-    /// are parked; every second otherwise (docs/relay.md, *Parked subjects, and the floor*).
-    pub(crate) fn floor_check(&self) -> Duration {
-        self.poll_interval.saturating_mul(6)
     }
 
     /// How long a batch's transaction may wait for the relay: longer than its publishing

@@ -179,10 +179,7 @@ mod tests {
         Row {
             id,
             ctid: super::super::row::tests_tid(),
-            position: Position {
-                at: Stamp::At(Utc::now()),
-                id,
-            },
+            position: Position { at: Stamp(0), id },
             subject: "s".into(),
             attempts,
             event,

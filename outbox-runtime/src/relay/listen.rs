@@ -1,5 +1,5 @@
-//! The wake-up: `LISTEN` on the emit channel, forwarded to the lanes, with a heartbeat that
-//! tells a silent connection from a quiet one (docs/relay.md, *Wake-up*).
+//! The wake-up: `LISTEN` on the emit channel, forwarded to the lane whose partition each
+//! notification names (docs/relay.md, *Wake-up*).
 
 use std::time::Duration;
 
@@ -11,29 +11,59 @@ use tokio::time::timeout;
 use crate::metrics as names;
 use crate::NOTIFY_CHANNEL;
 
-/// The payload of the relay's heartbeat notification.
-pub(super) const HEARTBEAT: &str = "heartbeat";
-/// The payload `outbox unblock` sends: held subjects were released, floors go back.
-pub(crate) const RELEASE: &str = "release";
-/// The payload a relay sends when it joins or leaves `outbox_relays`: the others share the
-/// partitions anew at once rather than at their next heartbeat.
-pub(super) const MEMBERS: &str = "relays";
-/// How often a running relay sends its heartbeat; a listener that hears nothing (not even a
-/// heartbeat) for [`SILENCE`] is taken as lost and connected again.
-pub(super) const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
-const SILENCE: Duration = Duration::from_secs(25);
+/// How often the relay runs a statement on its `LISTEN` connection, and how long it waits for
+/// the answer before it takes the connection as lost.
+const PING_EVERY: Duration = Duration::from_secs(2);
+const PING_ANSWER: Duration = Duration::from_secs(5);
+/// How long the server lets the `LISTEN` connection be idle before it ends it (Postgres 14
+/// and later): a relay that froze stops reading its notifications, and would hold back the
+/// server's notification queue for as long as it stays frozen.
+const IDLE_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the listener tells the lanes.
 #[derive(Debug, Clone)]
 pub(super) struct Signals {
-    /// A commit was announced (or notifications may have been missed).
-    pub(super) commits: watch::Sender<()>,
-    /// Held subjects were released.
-    pub(super) releases: watch::Sender<()>,
-    /// A relay joined or left the table.
-    pub(super) members: watch::Sender<()>,
+    /// Per lane: a commit of one of its partitions was announced (or notifications may have
+    /// been missed).
+    pub(super) commits: Vec<watch::Sender<()>>,
+    /// The relay's partitions: a notification names the partition of 1024 of the emitted
+    /// event's subject, which a lane owns when the relay runs 1024 partitions.
+    pub(super) partitions: i32,
     /// Whether the `LISTEN` connection is up.
     pub(super) listening: watch::Sender<bool>,
+}
+
+impl Signals {
+    /// Signals for `lanes` lanes over `partitions`.
+    pub(super) fn new(lanes: usize, partitions: i32) -> Signals {
+        Signals {
+            commits: (0..lanes).map(|_| watch::channel(()).0).collect(),
+            partitions,
+            listening: watch::channel(false).0,
+        }
+    }
+
+    /// Every lane claims.
+    pub(super) fn wake_all(&self) {
+        for lane in &self.commits {
+            lane.send_replace(());
+        }
+    }
+
+    /// A notification with `payload` arrived: the lane of the partition it names claims, or
+    /// every lane when it names none this relay can place (an emit of another version, a
+    /// relay with another number of partitions).
+    fn announced(&self, payload: &str) {
+        let lanes = self.commits.len() as i64;
+        match payload.parse::<i64>() {
+            Ok(p) if self.partitions == 1024 && (0..1024).contains(&p) => {
+                // lane l owns [l * 1024 / lanes, (l + 1) * 1024 / lanes)
+                let lane = ((p + 1) * lanes - 1) / 1024;
+                self.commits[lane as usize].send_replace(());
+            }
+            _ => self.wake_all(),
+        }
+    }
 }
 
 /// How long the listener waits before it connects again, at first; it doubles while that
@@ -56,11 +86,12 @@ pub(super) async fn listen(pool: PgPool, signals: Signals) {
             .connect_lazy_with(pool.connect_options().as_ref().clone());
         match PgListener::connect_with(&own).await {
             Ok(mut listener) => {
-                match listener.listen(NOTIFY_CHANNEL).await {
+                match start(&mut listener).await {
                     Ok(()) => {
+                        retry = RECONNECT_FIRST;
                         metrics::gauge!(names::LISTENING).set(1.0);
                         signals.listening.send_replace(true);
-                        signals.commits.send_replace(());
+                        signals.wake_all();
                         let why = forward(&mut listener, &signals).await;
                         metrics::gauge!(names::LISTENING).set(0.0);
                         signals.listening.send_replace(false);
@@ -78,46 +109,33 @@ pub(super) async fn listen(pool: PgPool, signals: Signals) {
     }
 }
 
-/// Forwards notifications until the connection is lost or stays silent for [`SILENCE`];
-/// says which.
-async fn forward(listener: &mut PgListener, signals: &Signals) -> String {
-    loop {
-        match timeout(SILENCE, listener.try_recv()).await {
-            Ok(Ok(Some(n))) => match n.payload() {
-                HEARTBEAT => {}
-                MEMBERS => {
-                    signals.members.send_replace(());
-                }
-                RELEASE => {
-                    signals.releases.send_replace(());
-                    signals.commits.send_replace(());
-                }
-                _ => {
-                    signals.commits.send_replace(());
-                }
-            },
-            Ok(Ok(None)) => return "the connection closed".into(),
-            Ok(Err(e)) => return e.to_string(),
-            Err(_) => return format!("not even a heartbeat for {SILENCE:?}"),
-        }
-    }
+/// `LISTEN`, with the server told to end the session if the relay stops talking to it.
+async fn start(listener: &mut PgListener) -> sqlx::Result<()> {
+    sqlx::query(
+        "select set_config('idle_session_timeout', $1, false) \
+          where current_setting('server_version_num')::int >= 140000",
+    )
+    .bind(IDLE_SESSION_TIMEOUT.as_millis().to_string())
+    .execute(&mut *listener)
+    .await?;
+    listener.listen(NOTIFY_CHANNEL).await
 }
 
-/// Sends the heartbeat every [`HEARTBEAT_EVERY`] until aborted.
-pub(super) async fn heartbeat(pool: PgPool) {
-    let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Forwards notifications until the connection is lost or a statement on it goes unanswered
+/// for [`PING_ANSWER`]; says which.
+async fn forward(listener: &mut PgListener, signals: &Signals) -> String {
     loop {
-        tick.tick().await;
-        let beat = sqlx::query("select pg_notify($1, $2)")
-            .bind(NOTIFY_CHANNEL)
-            .bind(HEARTBEAT)
-            .execute(&pool);
-        if let Err(e) = timeout(HEARTBEAT_EVERY, beat)
-            .await
-            .unwrap_or(Ok(Default::default()))
-        {
-            tracing::debug!(error = %e, "outbox relay heartbeat not sent");
+        match timeout(PING_EVERY, listener.try_recv()).await {
+            Ok(Ok(Some(n))) => signals.announced(n.payload()),
+            Ok(Ok(None)) => return "the connection closed".into(),
+            Ok(Err(e)) => return e.to_string(),
+            Err(_) => {
+                match timeout(PING_ANSWER, sqlx::query("select 1").execute(&mut *listener)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return e.to_string(),
+                    Err(_) => return format!("no answer within {PING_ANSWER:?}"),
+                }
+            }
         }
     }
 }
@@ -129,5 +147,67 @@ pub(super) struct AbortOnDrop(pub(super) tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn woken(signals: &Signals, receivers: &mut [watch::Receiver<()>]) -> Vec<bool> {
+        let _ = signals;
+        receivers
+            .iter_mut()
+            .map(|r| {
+                let changed = r.has_changed().unwrap();
+                r.borrow_and_update();
+                changed
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_notification_wakes_the_lane_of_its_partition_and_any_other_payload_every_lane() {
+        let signals = Signals::new(3, 1024);
+        let mut rx: Vec<_> = signals.commits.iter().map(|s| s.subscribe()).collect();
+        for (payload, lane) in [
+            ("0", 0),
+            ("340", 0),
+            ("341", 1),
+            ("681", 1),
+            ("682", 2),
+            ("1023", 2),
+        ] {
+            signals.announced(payload);
+            let mut expected = vec![false; 3];
+            expected[lane] = true;
+            assert_eq!(woken(&signals, &mut rx), expected, "{payload}");
+        }
+        for payload in ["", "1024", "-1", "granted"] {
+            signals.announced(payload);
+            assert_eq!(woken(&signals, &mut rx), [true, true, true], "{payload}");
+        }
+        let other = Signals::new(2, 64);
+        let mut rx: Vec<_> = other.commits.iter().map(|s| s.subscribe()).collect();
+        other.announced("5");
+        assert_eq!(
+            woken(&other, &mut rx),
+            [true, true],
+            "another number of partitions"
+        );
+    }
+
+    #[test]
+    fn the_lane_of_a_partition_is_the_one_whose_range_holds_it() {
+        for lanes in 1..=64i64 {
+            for p in 0..1024i64 {
+                let lane = ((p + 1) * lanes - 1) / 1024;
+                let (from, to) = (lane * 1024 / lanes, (lane + 1) * 1024 / lanes);
+                assert!(
+                    from <= p && p < to,
+                    "partition {p} with {lanes} lanes: lane {lane}"
+                );
+            }
+        }
     }
 }

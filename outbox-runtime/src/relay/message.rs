@@ -63,10 +63,7 @@ mod tests {
         let row = Row {
             id,
             ctid: super::super::row::tests_tid(),
-            position: Position {
-                at: Stamp::At(Utc::now()),
-                id,
-            },
+            position: Position { at: Stamp(0), id },
             subject: "s".into(),
             attempts: 0,
             event: Err(String::new()),

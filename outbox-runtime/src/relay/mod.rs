@@ -8,8 +8,9 @@
 //! `attempts + 1`, then commits. Nothing is marked without an ack.
 //!
 //! [`Relay::run`] runs batches in [`RelayConfig::lanes`] loops until shutdown, woken by the
-//! emits' notifications, with a fallback poll; failures back off per subject, and a row at
-//! [`RelayConfig::max_attempts`] holds its subject until an operator resets it.
+//! emits' notifications, with a fallback poll, while it holds the relay lease (one relay of a
+//! table publishes at a time; the others stand by); failures back off per subject, and a row
+//! at [`RelayConfig::max_attempts`] holds its subject until an operator releases it.
 //!
 //! The guarantees, and the behaviour in every case (order across relays, lanes, backoff, the
 //! attempt cap, wake-up, failures and shutdown, the start-up checks), are specified in the
@@ -20,13 +21,14 @@ mod backoff;
 mod checks;
 mod claim;
 mod config;
+mod cursor;
 mod elections;
 mod failure;
-mod floor;
 mod held;
+mod horizon;
 mod lanes;
-pub(crate) mod listen;
-mod members;
+mod lease;
+mod listen;
 mod message;
 mod position;
 mod publish;
@@ -56,26 +58,24 @@ use crate::error::Result;
 use crate::table::OUTBOX_RETRIES;
 
 /// The batch transaction's settings (`$1` statement and lock timeout, `$2` idle timeout, in
-/// milliseconds as text, `$3` whether to read the oldest running transaction's start) and the main claim (`$1` limit, `$2` partitions, `$3` lanes, `$4`
-/// lane, `$5` [`LOCK_NAMESPACE`], `$6`/`$7` the floor, `$8` paused subjects), verbatim. Shown
-/// for the tests that check the claim's plan.
+/// milliseconds as text, `$3` whether to sample the running transactions) and the main claim
+/// (`$1` limit, `$2` partitions, `$3` lanes, `$4` lane, `$5`/`$6` the cursor, `$7`/`$8` the
+/// last position it may read or nulls, `$9` paused subjects), verbatim. Shown for the tests
+/// that check the claim's plan.
 #[doc(hidden)]
 pub const BATCH_SETTINGS: &str = sql::SETTINGS;
 #[doc(hidden)]
 pub const CLAIM_STATEMENT: &str = sql::CLAIM;
 
-/// First key of the relay's advisory locks (`pg_try_advisory_xact_lock(LOCK_NAMESPACE, partition)`),
-/// so that they do not collide with the application's own advisory locks.
+/// First key of the relay's one advisory lock, the wake lock
+/// ([`WAKE_KEY`](crate::WAKE_KEY)), so that it does not collide with the application's own
+/// advisory locks.
 pub const LOCK_NAMESPACE: i32 = 0x6f62_7872;
 
 /// How long a relay first leaves out a subject it could not attempt (the broker could not take
 /// it); it doubles while that goes on, up to [`PAUSE_MAX`], and a publish of the subject ends it.
 const PAUSE_BASE: Duration = Duration::from_millis(250);
 const PAUSE_MAX: Duration = Duration::from_secs(10);
-/// How long a relay leaves out a subject it had to cut at an older row another transaction
-/// holds: a fixed short pause, since the holder is usually another relay's batch that commits
-/// within milliseconds (a doubling pause stalled four relays sharing a backlog).
-const CUT_PAUSE: Duration = Duration::from_millis(100);
 
 /// A held row, as [`Relay::held`] lists it: it cannot be published as it is, and the later
 /// events of its subject wait behind it until an operator releases it (`outbox unblock`).
@@ -116,19 +116,20 @@ pub struct Relay {
     pool: PgPool,
     jetstream: jetstream::Context,
     config: RelayConfig,
-    /// Subjects this relay leaves out for a few seconds: not attempted ([`PAUSE_BASE`]
-    /// doubling), or cut at a hole ([`CUT_PAUSE`]).
+    /// Subjects this relay leaves out of its claims for a few seconds after the broker could not
+    /// take them ([`PAUSE_BASE`] doubling). A claim filter only: the cursor does not pass them.
     pauses: backoff::SubjectBackoff,
-    cut_pauses: backoff::SubjectBackoff,
     /// The NATS client's connection count when the pauses were last looked at: a reconnect
     /// ends the pauses of the subjects the broker could not take.
     connects_seen: std::sync::atomic::AtomicU64,
     streams: streams::Streams,
     counters: stats::Counters,
-    /// The lanes waiting for commits, for the wake lock.
-    sleepers: std::sync::Arc<wake::Sleepers>,
-    /// The floor of [`Relay::claim`]'s batches (every partition).
-    floor: tokio::sync::Mutex<floor::Floor>,
+    /// The wake lock, for the lanes waiting for commits.
+    waker: std::sync::Arc<wake::Waker>,
+    /// The horizon the cursors stay behind, sampled by the batches.
+    horizon: horizon::SharedHorizon,
+    /// The cursor of [`Relay::claim`]'s batches (every partition).
+    cursor: tokio::sync::Mutex<cursor::Cursor>,
     /// Whether the table has the trace context columns (migration 0007).
     trace_columns: bool,
 }
@@ -226,11 +227,11 @@ impl Relay {
             jetstream,
             connects_seen,
             pauses: backoff::SubjectBackoff::new(PAUSE_BASE, PAUSE_MAX),
-            cut_pauses: backoff::SubjectBackoff::new(CUT_PAUSE, CUT_PAUSE),
             streams: streams::Streams::new(elections),
             counters: stats::Counters::default(),
-            sleepers: Default::default(),
-            floor: tokio::sync::Mutex::new(floor::Floor::new(config.floor_check())),
+            waker: Default::default(),
+            horizon: Default::default(),
+            cursor: tokio::sync::Mutex::new(cursor::Cursor::new(tokio::time::Instant::now())),
             config,
             trace_columns,
         })
@@ -261,8 +262,8 @@ impl Relay {
         self.trace_columns
     }
 
-    /// The subjects this relay's claims leave out at `now`: paused after not being attempted,
-    /// or cut (pauses that ended over a minute ago are forgotten).
+    /// The subjects this relay's claims leave out at `now`: paused after not being attempted
+    /// (pauses that ended over a minute ago are forgotten).
     fn paused(&self, now: tokio::time::Instant) -> Vec<String> {
         // subjects left out while the broker was unreachable are tried again as soon as the
         // client has reconnected, not when their pause (up to 10 s) ends
@@ -273,10 +274,7 @@ impl Relay {
         if connects != seen {
             self.pauses.clear();
         }
-        let forget = Duration::from_secs(60);
-        let mut paused = self.pauses.excluded(now, forget);
-        paused.extend(self.cut_pauses.excluded(now, forget));
-        paused
+        self.pauses.excluded(now, Duration::from_secs(60))
     }
 
     /// Whether this relay would take an ack of stream `name` that did not come as lost to a
@@ -312,7 +310,8 @@ impl Relay {
 
     /// Claims a batch: the first step of [`run_once`](Self::run_once), for callers that drive
     /// the steps themselves. It claims from every partition, whatever
-    /// [`RelayConfig::lanes`] says.
+    /// [`RelayConfig::lanes`] says, and whether or not this relay holds the lease (order does not
+    /// rest on it: docs/relay.md, *Order*).
     ///
     /// ```no_run
     /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
@@ -323,8 +322,8 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn claim(&self) -> Result<Claim<'_>> {
-        let mut floor = self.floor.lock().await;
-        Claim::begin(self, lanes::Lane::ALL, &mut floor, Some(&self.floor)).await
+        let mut cursor = self.cursor.lock().await;
+        Claim::begin(self, lanes::Lane::ALL, &mut cursor, Some(&self.cursor)).await
     }
 
     /// One batch: claim, publish, mark, commit. Like [`claim`](Self::claim), it claims from

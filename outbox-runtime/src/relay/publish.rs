@@ -282,7 +282,7 @@ impl<'a> Run<'a> {
         if ack.duplicate {
             self.settled.duplicates += 1;
         }
-        if let super::position::Stamp::At(created) = self.rows[i].position.at {
+        if let Some(created) = self.rows[i].position.at.to_chrono() {
             let lag = (Utc::now() - created).to_std().unwrap_or_default();
             let event_type = self.rows[i].event_type().to_owned();
             metrics::histogram!(names::PUBLISH_LAG, "event_type" => event_type)

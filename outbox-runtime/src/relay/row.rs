@@ -77,18 +77,16 @@ impl Row {
             let created_at = created_at
                 .as_ref()
                 .map_err(|e| format!("its created_at {e}"))?;
-            if !matches!(created_at, Stamp::At(_)) {
+            if !created_at.is_finite() {
                 return Err(format!("its created_at is {created_at}"));
             }
             let event_type = utf8(row, 1, "event_type")?;
             let source = utf8(row, 2, "source")?;
-            let time = match stamp(row, 4).map_err(|e| format!("its time {e}"))? {
-                Stamp::At(t) => t,
-                other => {
-                    return Err(format!(
-                        "its time is {other}: the envelope needs a real instant"
-                    ))
-                }
+            let time = stamp(row, 4).map_err(|e| format!("its time {e}"))?;
+            let Some(time) = time.to_chrono() else {
+                return Err(format!(
+                    "its time is {time}: the envelope needs an instant of years -262143 to 262143"
+                ));
             };
             let data: sqlx::types::Json<Box<RawValue>> = row
                 .try_get(5)
@@ -104,7 +102,7 @@ impl Row {
             id,
             ctid,
             position: Position {
-                at: created_at.unwrap_or(Stamp::NegInfinity),
+                at: created_at.unwrap_or(Stamp::NEG_INFINITY),
                 id,
             },
             subject,
@@ -157,19 +155,10 @@ fn utf8(row: &PgRow, index: usize, column: &str) -> Result<String, String> {
     }
 }
 
-/// A `timestamptz` column, read from its binary form (microseconds since 2000-01-01) without
-/// sqlx's chrono decoder, which panics on values chrono cannot represent (`infinity`).
+/// A `timestamptz` column as Postgres stores it, without sqlx's chrono decoder, which panics on
+/// values chrono cannot represent (`infinity`).
 fn stamp(row: &PgRow, index: usize) -> Result<Stamp, String> {
-    let value = row.try_get_raw(index).map_err(|e| e.to_string())?;
-    match value.format() {
-        PgValueFormat::Binary => match *value.as_bytes().map_err(|e| e.to_string())? {
-            [a, b, c, d, e, f, g, h] => {
-                Stamp::from_pg_micros(i64::from_be_bytes([a, b, c, d, e, f, g, h]))
-            }
-            ref other => Err(format!("has {} bytes, not 8", other.len())),
-        },
-        PgValueFormat::Text => Stamp::from_pg_text(value.as_str().map_err(|e| e.to_string())?),
-    }
+    row.try_get::<Stamp, _>(index).map_err(|e| cause(&e))
 }
 
 /// A row's physical address (`ctid`: block number and line pointer), exchanged in Postgres's

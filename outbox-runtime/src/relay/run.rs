@@ -1,5 +1,5 @@
-//! [`Relay::run`]: the lanes' batch loops until shutdown, and the tasks beside them
-//! (docs/relay.md, *Lanes*, *Wake-up*, *Failures and shutdown*).
+//! [`Relay::run`]: the lease, the lanes' batch loops while this relay holds it, and the tasks
+//! beside them (docs/relay.md, *Several relays*, *Lanes*, *Wake-up*, *Failures*).
 
 use std::future::Future;
 use std::time::Duration;
@@ -7,17 +7,16 @@ use std::time::Duration;
 use async_nats::connection::State;
 use tokio::sync::watch;
 use tokio::time::{sleep, sleep_until, Instant};
-
-use super::floor::Floor;
-use super::lanes::{Lane, LaneState, Next, Outcome, Waiting};
-use super::listen::{self, AbortOnDrop, Signals};
-use super::members::{self, Share};
-use super::settle::Effects;
-use super::{sql, Relay};
-use crate::error::Result;
 use uuid::Uuid;
 
-/// How often a running relay refreshes the backlog gauges and sweeps stale retry schedules.
+use super::cursor::Cursor;
+use super::lanes::{BatchOutcome, Lane, LaneState, LaneStep};
+use super::lease::{self, Term};
+use super::listen::{self, AbortOnDrop, Signals};
+use super::{sql, Relay};
+use crate::error::Result;
+
+/// How often a running relay refreshes the backlog gauges and moves stale retry schedules on.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 /// How often a running relay checks the streams of the event types it publishes.
 const STREAM_CHECK_INTERVAL: Duration = Duration::from_secs(60);
@@ -25,19 +24,22 @@ const STREAM_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 const SHUTDOWN_MARGIN: Duration = Duration::from_secs(15);
 /// How often a lane waiting for the NATS connection looks at it (no network involved).
 const RECONNECT_POLL: Duration = Duration::from_millis(100);
-/// How long `run` waits for its `LISTEN` connection before it joins the other relays.
-const LISTEN_FIRST: Duration = Duration::from_secs(2);
+/// How often a lane without a term looks whether the relay took the lease.
+const TERM_POLL: Duration = Duration::from_secs(1);
 /// The longest a due retry is left to the fallback poll.
 const MIN_RETRY_WAIT: Duration = Duration::from_millis(20);
 
 impl Relay {
-    /// Runs batches, in [`RelayConfig::lanes`](super::RelayConfig::lanes) loops at once, until
-    /// `shutdown` completes, then returns. The batches in progress when it completes are
-    /// finished and committed first (each within `ack_timeout` and a few statement timeouts).
+    /// Runs until `shutdown` completes, then returns. While this relay holds the relay lease
+    /// (one relay of a table does at a time: docs/relay.md, *Several relays*), it runs
+    /// batches in [`RelayConfig::lanes`](super::RelayConfig::lanes) loops at once; otherwise it
+    /// stands by and takes the lease over when the holder's runs out. The batches in progress
+    /// when `shutdown` completes are finished and committed first (each within `ack_timeout`
+    /// and a few statement timeouts), and the lease is given up.
     ///
     /// While it runs, it also refreshes the backlog gauges (`outbox_unpublished`,
     /// `outbox_oldest_unpublished_age_seconds`, `outbox_rows_at_attempt_cap`) at start and every
-    /// 10 s, sends its `LISTEN` heartbeat, and checks the streams of the types it publishes.
+    /// 10 s, and checks the streams of the types it publishes.
     ///
     /// Errors inside the loop (Postgres or NATS down) are logged and retried with backoff;
     /// `run` itself only returns `Ok`.
@@ -49,72 +51,44 @@ impl Relay {
     /// ```
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
         crate::metrics::register_relay();
-        let signals = Signals {
-            commits: watch::channel(()).0,
-            releases: watch::channel(()).0,
-            members: watch::channel(()).0,
-            listening: watch::channel(false).0,
-        };
-        let mut listening = signals.listening.subscribe();
+        let signals = Signals::new(self.config.lanes, self.config.partitions);
+        let me = Uuid::new_v4();
+        let (stop, stopped) = watch::channel(false);
+        let (terms, term) = watch::channel(None);
         let _tasks = [
             AbortOnDrop(tokio::spawn(listen::listen(
                 self.pool.clone(),
                 signals.clone(),
             ))),
-            AbortOnDrop(tokio::spawn(listen::heartbeat(self.pool.clone()))),
             AbortOnDrop(tokio::spawn(super::wake::hold(
                 self.pool.clone(),
-                self.sleepers.clone(),
-                signals.commits.clone(),
+                self.waker.clone(),
             ))),
             AbortOnDrop(tokio::spawn(housekeeping(
                 self.pool.clone(),
                 self.config.max_attempts,
             ))),
         ];
-        let (stop, stopped) = watch::channel(false);
-        // this relay's row in outbox_relays, and its share of the partitions; listening first,
-        // so that a relay joining after this one's first heartbeat is heard of at once
-        let _ = tokio::time::timeout(LISTEN_FIRST, listening.wait_for(|up| *up)).await;
-        let me = Uuid::new_v4();
-        let (partitions, lanes) = (self.config.partitions, self.config.lanes);
-        let share = match members::beat(&self.pool, me, partitions, lanes, true).await {
-            Ok(members) => {
-                metrics::gauge!(crate::metrics::RELAYS).set(members.len() as f64);
-                Share::of(me, &members, lanes)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "outbox relay could not join outbox_relays; it claims from every partition until its heartbeat works");
-                Share::alone(lanes)
-            }
-        };
-        let (share, shares) = watch::channel(share);
-        // aborted if `run` is dropped: a cancelled relay stops beating, as a killed one would
-        let mut membership = AbortOnDrop(tokio::spawn(members::keep(
+        // aborted if `run` is dropped: a cancelled relay stops renewing, as a killed one would
+        let mut lease = AbortOnDrop(tokio::spawn(lease::keep(
             self.pool.clone(),
+            self.jetstream.client(),
             me,
-            partitions,
-            lanes,
-            share,
-            signals.clone(),
+            terms,
             stopped.clone(),
         )));
-        let lanes = futures::future::join_all(
-            (0..lanes).map(|slot| self.run_lane(slot, shares.clone(), &signals, stopped.clone())),
-        );
+        let count = self.config.lanes as i32;
+        let lanes = futures::future::join_all((0..count).map(|index| {
+            let lane = Lane { index, count };
+            self.run_lane(lane, term.clone(), &signals, stopped.clone())
+        }));
         let streams = self.check_streams(stopped.clone());
         tokio::pin!(lanes, streams);
-        let mut left = false;
         tokio::select! {
             _ = &mut lanes => {}
             () = &mut streams => {}
             () = shutdown => {
                 stop.send_replace(true);
-                // the others take this relay's partitions now (their locks wait for its last
-                // batches), rather than after its batches end
-                let _ = tokio::time::timeout(members::LEASE, &mut membership.0).await;
-                members::leave(&self.pool, me).await;
-                left = true;
                 // a batch in progress finishes (publishing is bounded by ack_timeout, each
                 // statement by the statement timeouts); past this bound it is given up, which
                 // leaves its rows unpublished, as a crash would
@@ -124,110 +98,133 @@ impl Relay {
                 }
             }
         }
-        if !left {
-            stop.send_replace(true);
-            let _ = tokio::time::timeout(members::LEASE, &mut membership.0).await;
-            members::leave(&self.pool, me).await;
-        }
+        stop.send_replace(true);
+        // the lease is given up, so that a relay standing by takes over at once
+        let _ = tokio::time::timeout(lease::LEASE, &mut lease.0).await;
         Ok(())
     }
 
-    /// One batch loop, on the partitions of lane `slot` of this relay's share, until `stop`
-    /// turns true.
+    /// One batch loop on `lane`, during each of this relay's terms, until `stop` turns true.
     async fn run_lane(
         &self,
-        slot: usize,
-        mut shares: watch::Receiver<Share>,
+        lane: Lane,
+        mut terms: watch::Receiver<Option<Term>>,
         signals: &Signals,
         mut stop: watch::Receiver<bool>,
     ) {
-        let mut wake = signals.commits.subscribe();
-        let mut releases = signals.releases.subscribe();
-        let mut floor = Floor::new(self.config.floor_check());
-        let mut current = None;
-        let mut state = LaneState::default();
+        let mut wake = signals.commits[lane.index as usize].subscribe();
+        let mut armed = self.waker.changed.subscribe();
         loop {
-            let Some(lane) = shares
-                .borrow_and_update()
-                .lane(slot, self.config.partitions)
-            else {
-                // more slots than partitions, and this one has none: rest until the share
-                // changes
+            let term = loop {
+                if *stop.borrow() {
+                    return;
+                }
+                if let Some(t) = *terms.borrow_and_update() {
+                    if t.runs(Instant::now()) {
+                        break t;
+                    }
+                }
                 tokio::select! {
-                    _ = stop.changed() => return,
-                    changed = shares.changed() => if changed.is_err() { return } else { continue },
+                    _ = stop.changed() => {}
+                    _ = terms.changed() => {}
+                    () = sleep(TERM_POLL) => {}
                 }
             };
-            if current != Some(lane) {
-                // a floor only holds for the partitions it was found over
-                floor.reset();
-                current = Some(lane);
-            }
-            if releases.has_changed().unwrap_or(false) {
-                releases.borrow_and_update();
-                self.streams.forget_uncaptured();
-                floor.reset();
-            }
-            // Commits announced before this claim are covered by it: only later ones count.
-            wake.borrow_and_update();
-            let result = self.lane_batch(lane, &mut floor).await;
-            let commit_seen = wake.has_changed().unwrap_or(false);
-            let (outcome, next_retry) = match &result {
-                Ok((outcome, next_retry)) => (*outcome, *next_retry),
-                Err(_) => (Outcome::Error, None),
-            };
-            let next = state.next(outcome, commit_seen, &self.config);
-            if let (Err(e), Next::Backoff(wait)) = (&result, next) {
-                tracing::warn!(error = %e, retry_in = ?wait, "outbox relay batch failed");
-            }
-            if *stop.borrow() {
-                return;
-            }
-            if !self.pause(next, next_retry, &mut wake, &mut stop).await {
-                return;
+            // a new term starts from the start of the table: another relay published meanwhile
+            let mut cursor = Cursor::new(Instant::now());
+            let mut state = LaneState::default();
+            loop {
+                let now = Instant::now();
+                let current = *terms.borrow_and_update();
+                let Some(current) = current.filter(|t| t.number == term.number && t.runs(now))
+                else {
+                    break;
+                };
+                // Commits announced before this claim are covered by it: only later ones count.
+                wake.borrow_and_update();
+                armed.borrow_and_update();
+                let epoch = self.waker.epoch();
+                let result = self.lane_batch(lane, &mut cursor).await;
+                let (outcome, next_retry) = match &result {
+                    Ok(done) => *done,
+                    Err(e) => {
+                        metrics::counter!(crate::metrics::BATCH_FAILURES).increment(1);
+                        if let crate::Error::Database(db) = e {
+                            if super::is_connection_error(db) {
+                                cursor.lost_marks();
+                            }
+                        }
+                        (BatchOutcome::Error, None)
+                    }
+                };
+                let step = state.next(outcome, &self.config);
+                if let (Err(e), LaneStep::Backoff(wait)) = (&result, step) {
+                    tracing::warn!(error = %e, retry_in = ?wait, lane = lane.index, "outbox relay batch failed");
+                }
+                if *stop.borrow() {
+                    return;
+                }
+                let waits = Waits {
+                    epoch,
+                    next_retry,
+                    next_sweep: cursor.next_sweep(),
+                    term_ends: current.until,
+                };
+                if !self
+                    .pause(step, waits, &mut wake, &mut armed, &mut terms, &mut stop)
+                    .await
+                {
+                    return;
+                }
             }
         }
     }
 
-    /// Waits as `next` says; `false` when the relay is stopping.
+    /// Waits as `step` says; `false` when the relay is stopping.
     async fn pause(
         &self,
-        next: Next,
-        next_retry: Option<Duration>,
+        step: LaneStep,
+        waits: Waits,
         wake: &mut watch::Receiver<()>,
+        armed: &mut watch::Receiver<u64>,
+        terms: &mut watch::Receiver<Option<Term>>,
         stop: &mut watch::Receiver<bool>,
     ) -> bool {
         let now = Instant::now();
-        let (until, end_on_commit) = match next {
-            Next::Again => {
-                // a commit announced during the batch is covered by the next claim
-                wake.borrow_and_update();
-                return true;
-            }
-            Next::Contended(wait) => {
-                // a row committed just now may not be announced yet: its notification ends the
-                // pause
-                (now + wait, true)
-            }
-            Next::Backoff(wait) => (now + wait, false),
-            Next::Reconnect(wait) => return self.reconnect(now + wait, stop).await,
-            Next::Idle => {
-                let mut until = now + self.config.poll_interval;
-                if let Some(retry) = next_retry {
-                    until = until.min(now + retry.max(MIN_RETRY_WAIT));
-                }
-                let ends = [self.pauses.next_end(now), self.cut_pauses.next_end(now)];
-                if let Some(end) = ends.into_iter().flatten().min() {
-                    until = until.min(end);
-                }
-                (until, true)
+        let (until, end_on_commit) = match step {
+            LaneStep::Again => return true,
+            LaneStep::Backoff(wait) => (now + wait, false),
+            LaneStep::Reconnect(wait) => return self.reconnect(now + wait, stop).await,
+            LaneStep::Wait { linger } => {
+                let _want = self.waker.want();
+                let until = if self.waker.armed_since(waits.epoch) {
+                    // emits notify: wait for a commit, the fallback poll, the next retry, the
+                    // next sweep, the end of a subject's pause or of the term
+                    let mut until = now + self.config.poll_interval;
+                    if let Some(retry) = waits.next_retry {
+                        until = until.min(now + retry.max(MIN_RETRY_WAIT));
+                    }
+                    if let Some(end) = self.pauses.next_end(now) {
+                        until = until.min(end);
+                    }
+                    until.min(waits.next_sweep).min(waits.term_ends)
+                } else {
+                    // emits do not notify (the lock is not held, or was taken during the
+                    // claim): claim again soon, or as soon as the lock is granted
+                    now + linger
+                };
+                return tokio::select! {
+                    _ = stop.changed() => false,
+                    () = sleep_until(until) => true,
+                    _ = wake.changed() => true,
+                    _ = armed.changed() => true,
+                    _ = terms.changed() => true,
+                };
             }
         };
-        // a lane waiting for commits has the relay hold the wake lock, so that emits notify
-        let _sleeping = matches!(next, Next::Idle).then(|| self.sleepers.enter());
         tokio::select! {
             _ = stop.changed() => false,
-            _ = sleep_until(until) => true,
+            () = sleep_until(until) => true,
             _ = wake.changed(), if end_on_commit => true,
         }
     }
@@ -238,54 +235,44 @@ impl Relay {
         while Instant::now() < until && client.connection_state() != State::Connected {
             tokio::select! {
                 _ = stop.changed() => return false,
-                _ = sleep(RECONNECT_POLL) => {}
+                () = sleep(RECONNECT_POLL) => {}
             }
         }
         true
     }
 
-    /// One batch of `lane`, reduced to what the lane's next step depends on.
+    /// One batch of `lane`, reduced to what the lane's next step depends on: its outcome, and
+    /// when the next retry comes due.
     async fn lane_batch(
         &self,
         lane: Lane,
-        floor: &mut Floor,
-    ) -> Result<(Outcome, Option<Duration>)> {
-        let (effects, waiting) = self.run_lane_once(lane, floor).await?;
+        cursor: &mut Cursor,
+    ) -> Result<(BatchOutcome, Option<Duration>)> {
+        let mut claim = super::Claim::begin(self, lane, cursor, None).await?;
+        let effects = if claim.is_empty() {
+            claim.release().await?
+        } else {
+            claim.publish().await;
+            claim.finish().await?
+        };
         let now = Instant::now();
         effects.pause(self, now);
-        effects.apply(floor);
+        effects.apply(cursor, now);
         let r = effects.report;
         let outcome = if r.published > 0 || r.held > 0 {
-            Outcome::Published
+            BatchOutcome::Published
         } else if r.failed > 0 {
-            Outcome::Failed
+            BatchOutcome::Failed
         } else if r.not_attempted > 0 {
             let connected = self.jetstream.client().connection_state() == State::Connected;
-            Outcome::NotAttempted { connected }
+            BatchOutcome::NotAttempted { connected }
         } else {
-            Outcome::Empty(waiting)
+            BatchOutcome::Empty
         };
         let next_retry = effects
             .next_retry
             .map(|s| Duration::from_secs_f64(s.max(0.0)));
         Ok((outcome, next_retry))
-    }
-
-    /// One batch on `lane`, and for a batch that did nothing, whether rows it could not take
-    /// are waiting.
-    async fn run_lane_once(&self, lane: Lane, floor: &mut Floor) -> Result<(Effects, Waiting)> {
-        let mut claim = super::Claim::begin(self, lane, floor, None).await?;
-        if claim.is_empty() {
-            let waiting = claim.waiting().await?;
-            return Ok((claim.release().await?, waiting));
-        }
-        let r = claim.publish().await;
-        let waiting = if r.published + r.failed + r.held + r.not_attempted == 0 {
-            claim.waiting().await?
-        } else {
-            Waiting::Nothing
-        };
-        Ok((claim.finish().await?, waiting))
     }
 
     /// Checks the streams of the event types this relay publishes (the backlog's at start,
@@ -321,14 +308,24 @@ impl Relay {
             }
             tokio::select! {
                 _ = stop.changed() => return,
-                _ = sleep(STREAM_CHECK_INTERVAL) => {}
+                () = sleep(STREAM_CHECK_INTERVAL) => {}
             }
         }
     }
 }
 
-/// The backlog gauges and the sweep of stale retry schedules, at start and every
-/// [`GAUGE_INTERVAL`]: the gauges operators alert on exist wherever a relay runs.
+/// What a waiting lane also wakes for.
+#[derive(Debug, Clone, Copy)]
+struct Waits {
+    /// The wake lock's epoch when the batch began ([`Waker::armed_since`](super::wake::Waker)).
+    epoch: u64,
+    next_retry: Option<Duration>,
+    next_sweep: Instant,
+    term_ends: Instant,
+}
+
+/// The backlog gauges and the stale retry schedules, at start and every [`GAUGE_INTERVAL`]:
+/// the gauges operators alert on exist wherever a relay runs.
 async fn housekeeping(pool: sqlx::PgPool, max_attempts: i32) {
     let mut tick = tokio::time::interval(GAUGE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -337,13 +334,25 @@ async fn housekeeping(pool: sqlx::PgPool, max_attempts: i32) {
         if let Err(e) = crate::status::record_gauges(&pool, max_attempts).await {
             tracing::debug!(error = %e, "outbox backlog gauges not refreshed");
         }
-        match sqlx::query(sql::SWEEP).execute(&pool).await {
-            Ok(done) if done.rows_affected() > 0 => tracing::info!(
-                released = done.rows_affected(),
-                "outbox relay dropped retry schedules whose event is no longer unpublished (published or deleted by hand)"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "outbox retry schedules not swept"),
+        if let Err(e) = move_stale_schedules(&pool).await {
+            tracing::debug!(error = %e, "outbox retry schedules not looked at");
         }
     }
+}
+
+/// Retry schedules whose event is no longer unpublished (published or deleted by hand) move
+/// on to their subject's next unpublished event, due now ([`REPOINT`](sql::REPOINT)), so that
+/// the subject is released in order by the lane that publishes it.
+async fn move_stale_schedules(pool: &sqlx::PgPool) -> sqlx::Result<()> {
+    let stale: Vec<String> = sqlx::query_scalar(sql::STALE).fetch_all(pool).await?;
+    for subject in stale {
+        let moved: i64 = sqlx::query_scalar(sql::REPOINT)
+            .bind(&subject)
+            .fetch_one(pool)
+            .await?;
+        if moved > 0 {
+            tracing::info!(subject = %crate::naming::shorten(&subject), "outbox relay moved a retry schedule whose event is no longer unpublished (published or deleted by hand) on to the subject's next event");
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::claim::{ctids, subjects};
-use super::floor::Floor;
+use super::cursor::Cursor;
 use super::position::Position;
 use super::publish::{HoldCause, Settled};
 use super::row::Row;
@@ -24,20 +24,20 @@ use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
 #[derive(Debug)]
 pub(super) struct Effects {
     pub(super) report: BatchReport,
-    /// Parked heads that were published: their subjects' later rows may be behind the floor.
+    /// Parked heads that were published: their subjects' later rows lie before the cursor.
     pub(super) released: Vec<Position>,
     /// Subjects not attempted (an election, the connection): left out for a while, longer
     /// each time.
     pub(super) not_attempted: Vec<String>,
-    /// Subjects cut at a row another transaction holds: left out briefly.
-    pub(super) cut: Vec<String>,
     /// Subjects published, when this relay has paused subjects (their pauses end).
     pub(super) published: Vec<String>,
     /// Seconds until the earliest retry is due, on the database's clock.
     pub(super) next_retry: Option<f64>,
-    /// Where the lane's floor moves: the batch published every unpublished row of the lane up
-    /// to there ([`Claim::cleared`](super::claim::Claim)).
-    pub(super) cleared: Option<Position>,
+    /// The batch's first row: its marks may be lost with the connection
+    /// ([`Cursor::lost_marks`]).
+    pub(super) first: Option<Position>,
+    /// The last position the claim could read, if it was bounded.
+    pub(super) bound: Option<Position>,
 }
 
 impl Effects {
@@ -46,9 +46,9 @@ impl Effects {
         rows: &[Row],
         due: usize,
         settled: &Settled,
-        cut: Vec<String>,
         report: BatchReport,
         next_retry: Option<f64>,
+        bound: Option<Position>,
     ) -> Effects {
         let released = settled
             .acked
@@ -61,7 +61,7 @@ impl Effects {
             rows,
             settled.not_attempted.iter().map(|(i, _)| *i),
         ));
-        let published = if relay.pauses.is_empty() && relay.cut_pauses.is_empty() {
+        let published = if relay.pauses.is_empty() {
             Vec::new()
         } else {
             owned(subjects(rows, settled.acked.iter().copied()))
@@ -70,32 +70,31 @@ impl Effects {
             report,
             released,
             not_attempted,
-            cut,
             published,
             next_retry,
-            cleared: None,
+            first: rows.iter().map(|r| r.position).min(),
+            bound,
         }
     }
 
-    /// Moves `floor` as the batch allows: back before each published parked head, or on to
-    /// the end of the rows it cleared.
-    pub(super) fn apply(&self, floor: &mut Floor) {
+    /// Moves `cursor` as the committed batch requires: back to each published parked head (the
+    /// rows of its subject behind it are free now), and remembers the batch's first row.
+    pub(super) fn apply(&self, cursor: &mut Cursor, now: Instant) {
         for position in &self.released {
-            floor.pull_back(*position);
+            cursor.pull_back(*position);
         }
-        if let Some(to) = self.cleared {
-            floor.cleared(to);
+        if let Some(first) = self.first {
+            cursor.committed(first, now);
         }
+        cursor.scanned(self.bound, self.report.published + self.report.held > 0);
     }
 
     /// Pauses, in `relay`, the subjects this batch could not take, and ends the pauses of
     /// those it published.
     pub(super) fn pause(&self, relay: &Relay, now: Instant) {
-        let published = || self.published.iter().map(String::as_str);
+        let published = self.published.iter().map(String::as_str);
         let not_attempted = self.not_attempted.iter().map(String::as_str);
-        relay.pauses.settle(published(), not_attempted, now);
-        let cut = self.cut.iter().map(String::as_str);
-        relay.cut_pauses.settle(published(), cut, now);
+        relay.pauses.settle(published, not_attempted, now);
     }
 }
 

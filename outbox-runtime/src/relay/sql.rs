@@ -2,8 +2,8 @@
 //! behind their shapes is in docs/relay.md and the measurements in docs/performance.md.
 //!
 //! Parameters shared by several statements: a lane is `$lanes`/`$lane` over `$partitions`;
-//! the lane's floor (every unpublished row at or before it is parked) is `$floor_at`
-//! (timestamptz as text, infinities included) and `$floor_id`.
+//! positions are a `timestamptz` bound in Postgres's own binary form (infinities included) and
+//! a `uuid` ([`Position`](super::position::Position)).
 
 /// `(hashtext(subject) & 0x7fffffff) % partitions`: the subject's partition.
 macro_rules! partition {
@@ -62,38 +62,42 @@ macro_rules! lane_bounds {
     };
 }
 
-/// Whether the row's subject has a retry schedule ([`outbox_retries`](../../migrations)): a
-/// scalar subquery, so that it is one primary-key probe per candidate row whatever the planner
-/// thinks of the table's size (an anti-join would hash the whole table).
+/// Whether the subject of row `$o` has a retry schedule ([`outbox_retries`](../../migrations)):
+/// a scalar subquery, so that it is one primary-key probe per candidate row whatever the
+/// planner thinks of the table's size (an anti-join would hash the whole table).
 macro_rules! parked {
-    () => {
-        "(select true from outbox_retries r where r.subject = o.subject limit 1) is not null"
+    ($o:literal) => {
+        concat!(
+            "(select true from outbox_retries r where r.subject = ",
+            $o,
+            ".subject limit 1) is not null"
+        )
     };
 }
 
-/// Rows after the lane's floor, in the relay's order `(created_at, id)`; the first comparison
-/// lets the unpublished index bound the range.
-macro_rules! after_floor {
+/// Rows at or after `($at, $id)`, in the relay's order `(created_at, id)`; the first
+/// comparison lets the unpublished index bound the range.
+macro_rules! from {
     ($at:literal, $id:literal) => {
         concat!(
             "o.created_at >= ",
             $at,
-            "::timestamptz and (o.created_at, o.id) > (",
+            " and (o.created_at, o.id) >= (",
             $at,
-            "::timestamptz, ",
+            ", ",
             $id,
             ")"
         )
     };
 }
 
-/// The batch transaction's own settings and what the batch needs to know first: whether any
-/// subject is parked, whether a retry is due now, when the next one comes due (seconds from now, on the database's
-/// clock), the snapshot's bounds (for the floor), and, when `$3`, when the oldest transaction
-/// running on the database began, if this session can see every other one (no `<insufficient
-/// privilege>` row, no session with `track_activities` off): a row a running or later
-/// transaction commits has a `created_at` at or after it (reading `pg_stat_activity` costs
-/// a few microseconds per session, so a lane reads it now and then). `$1`: statement and lock
+/// The batch transaction's own settings and what the batch needs to know first: whether a
+/// retry is due now and when the next one comes due (seconds from now, on the database's
+/// clock); and, when `$3`, a sample of the transactions running on the database for the
+/// horizon ([`Horizon`](super::horizon::Horizon)): the statement's instant (taken before the
+/// locks are read), each running transaction's backend and virtual id with its transaction id,
+/// and the prepared transactions' ids. `pg_locks`, `pg_stat_activity`'s `datname` and
+/// `backend_xid` and `pg_prepared_xacts` are readable by every role. `$1`: statement and lock
 /// timeout, `$2`: idle-in-transaction timeout, both in milliseconds.
 pub(super) const SETTINGS: &str = "\
 select set_config('synchronous_commit', 'off', true),
@@ -103,15 +107,24 @@ select set_config('synchronous_commit', 'off', true),
        set_config('statement_timeout', $1, true),
        set_config('lock_timeout', $1, true),
        set_config('idle_in_transaction_session_timeout', $2, true),
-       exists (select 1 from outbox_retries) as parked,
        exists (select 1 from outbox_retries where retry_at <= now()) as due,
        extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry,
-       pg_snapshot_xmin(pg_current_snapshot())::text as xmin,
-       pg_snapshot_xmax(pg_current_snapshot())::text as xmax,
-       case when $3 then
-         (select case when bool_and(a.backend_type is not null and a.state is distinct from 'disabled')
-                      then min(a.xact_start) end
-            from pg_stat_activity a where a.datname = current_database()) end as oldest";
+       case when $3 then statement_timestamp() end as sampled_at,
+       case when $3 then array(
+         select l.pid::text || ':' || l.virtualtransaction
+           from pg_locks l join pg_stat_activity a on a.pid = l.pid
+          where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
+            and a.datname = current_database()
+          order by l.pid) end as running,
+       case when $3 then array(
+         select a.backend_xid::text
+           from pg_locks l join pg_stat_activity a on a.pid = l.pid
+          where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
+            and a.datname = current_database()
+          order by l.pid) end as running_xids,
+       case when $3 then array(
+         select p.transaction::text from pg_prepared_xacts p
+          where p.database = current_database()) end as prepared";
 
 /// The columns of a claimed row, in [`Row::decode`](super::row::Row::decode)'s order; `traced`
 /// adds the trace context of migration 0007 (a table without it is claimed without them).
@@ -128,10 +141,39 @@ macro_rules! columns {
 /// `undefined_column` when it has not.
 pub(super) const TRACE_COLUMNS: &str = "select traceparent, tracestate from outbox_events limit 0";
 
-/// The heads of the subjects whose retry is due, in the lane (`$2`-`$4`), with their
-/// partition's advisory lock (`$5`); `$1` limits them. The schedule names each head by id: the
-/// due ids come first (the schedule's index on `retry_at`), then each head by primary key,
-/// whatever the planner thinks of the schedule's size.
+/// Up to `$8` unpublished rows of the lane (`$1`-`$3`) from `($4, $5)` on, and before `($6,
+/// $7)` when `$6` is not null, in the relay's order: how many, the first whose subject is not
+/// parked (locked or not), and the last. A cursor's window, or a sweep's step below it
+/// ([`Cursor`](super::cursor::Cursor)).
+pub(super) const RANGE: &str = concat!(
+    "with w as (",
+    "  select o.created_at, o.id, o.subject from outbox_events o",
+    "   where o.published_at is null",
+    "     and ",
+    from!("$4", "$5"),
+    "     and o.created_at <= coalesce($6::timestamptz, 'infinity')",
+    "     and ($6::timestamptz is null or (o.created_at, o.id) < ($6::timestamptz, $7::uuid))",
+    "     and ",
+    lane_bounds!("$1", "$2", "$3"),
+    "     and ",
+    in_lane!("$1", "$2", "$3"),
+    "   order by o.created_at, o.id",
+    "   limit $8)",
+    "select (select count(*) from w) as rows,",
+    "       f.created_at as first_at, f.id as first_id,",
+    "       l.created_at as last_at, l.id as last_id",
+    "  from (select 1) as one",
+    "  left join lateral (select w.created_at, w.id from w where not ",
+    parked!("w"),
+    "       order by w.created_at, w.id limit 1) as f on true",
+    "  left join lateral (select w.created_at, w.id from w",
+    "       order by w.created_at desc, w.id desc limit 1) as l on true"
+);
+
+/// The heads of the subjects whose retry is due, in the lane (`$2`-`$4`); `$1` limits them.
+/// The schedule names each head by id: the due ids come first (the schedule's index on
+/// `retry_at`), then each head by primary key, whatever the planner thinks of the schedule's
+/// size.
 macro_rules! claim_due {
     ($($traced:ident)?) => {
         concat!(
@@ -141,11 +183,8 @@ macro_rules! claim_due {
             " where o.id = any(array(select r.event_id from outbox_retries r",
             "                         where r.retry_at <= now() order by r.retry_at limit $1 * 4))",
             "   and o.published_at is null",
-            "   and case when ",
+            "   and ",
             in_lane!("$2", "$3", "$4"),
-            " then pg_try_advisory_xact_lock($5, ",
-            partition!("$2"),
-            ") end",
             " order by o.created_at, o.id",
             " limit $1",
             "   for update of o skip locked"
@@ -156,9 +195,9 @@ pub(super) const CLAIM_DUE: &str = claim_due!();
 /// [`CLAIM_DUE`] with the trace context columns.
 pub(super) const CLAIM_DUE_TRACED: &str = claim_due!(traced);
 
-/// The claim: unpublished rows after the floor (`$6`, `$7`), in the relay's order, of the
-/// lane's partitions (`$2`-`$4`), whose subject is neither parked nor paused by this relay
-/// (`$8`), with the partition's advisory lock (`$5`); `skip locked` skips others' rows.
+/// The claim: unpublished rows of the lane (`$2`-`$4`) from the cursor (`$5`, `$6`) up to and
+/// including `($7, $8)` when `$7` is not null, in the relay's order, whose subject is neither
+/// parked nor paused by this relay (`$9`); `skip locked` passes others' rows.
 macro_rules! claim {
     ($($traced:ident)?) => {
         concat!(
@@ -167,17 +206,16 @@ macro_rules! claim {
             "  from outbox_events o",
             " where o.published_at is null",
             "   and ",
-            after_floor!("$6", "$7"),
+            from!("$5", "$6"),
+            "   and o.created_at <= coalesce($7::timestamptz, 'infinity')",
+            "   and ($7::timestamptz is null or (o.created_at, o.id) <= ($7::timestamptz, $8::uuid))",
             "   and ",
             lane_bounds!("$2", "$3", "$4"),
-            "   and case when ",
+            "   and ",
             in_lane!("$2", "$3", "$4"),
-            "             and not ",
-            parked!(),
-            "             and o.subject not in (select unnest($8::text[]))",
-            "            then pg_try_advisory_xact_lock($5, ",
-            partition!("$2"),
-            ") end",
+            "   and not ",
+            parked!("o"),
+            "   and o.subject not in (select unnest($9::text[]))",
             " order by o.created_at, o.id",
             " limit $1",
             "   for update of o skip locked"
@@ -188,124 +226,31 @@ pub(super) const CLAIM: &str = claim!();
 /// [`CLAIM`] with the trace context columns.
 pub(super) const CLAIM_TRACED: &str = claim!(traced);
 
-/// [`UNCLAIMED`]'s range: the lane's (`$1`-`$3`) unpublished rows from the floor (`$4`,
-/// `$5`) to the claim's last (`$6`, `$7`).
-macro_rules! in_claim_range {
-    () => {
-        concat!(
-            "o.published_at is null and ",
-            after_floor!("$4", "$5"),
-            " and o.created_at <= $6::timestamptz",
-            " and (o.created_at, o.id) <= ($6::timestamptz, $7)",
-            " and ",
-            lane_bounds!("$1", "$2", "$3"),
-            " and ",
-            in_lane!("$1", "$2", "$3")
-        )
-    };
-}
-
-/// The lane's unpublished rows from the floor (`$4`, `$5`) to the claim's last (`$6`, `$7`),
-/// second; first, those of them [`CLAIM`] could take (without its locks), read only when the
-/// second is not the claim's size (`$9`: the claim holds them all, and all are claimable).
-/// When the first is the claim's size, no claimed subject can have a hole and [`GAPS`] need
-/// not run; when the second is more than the first, the claim read rows it had to pass (parked
-/// or paused), which a look ahead of the floor may skip. `$1`-`$3`: the lane; `$8`: paused
-/// subjects.
-pub(super) const UNCLAIMED: &str = concat!(
-    "select case when u.n = $9 then u.n else (",
-    "         select count(*) from outbox_events o where ",
-    in_claim_range!(),
-    "            and not ",
-    parked!(),
-    "            and o.subject not in (select unnest($8::text[]))) end,",
-    "       u.n",
-    "  from (select count(*) as n from outbox_events o where ",
-    in_claim_range!(),
-    ") as u"
-);
-
-/// Per claimed subject (`$1`, with its last claimed position in `$2`, `$3`), its first
-/// unpublished row after the floor (`$4`, `$5`) and not after that position that the claim
-/// (`$6`, ids) does not hold: the hole the subject's claimed rows are cut at.
+/// The claimed rows (`$1`, ids) to cut: per claimed subject, its first unpublished row from
+/// the cursor (`$2`, `$3`) on, before the subject's last claimed row, that the claim does not
+/// hold (another transaction's, or one the claim passed), is a hole; the subject's claimed rows
+/// after it are cut. The range read is the lane's (`$4`-`$6`), from the cursor to the last
+/// claimed row. Only ids cross: no instant is rendered.
 pub(super) const GAPS: &str = concat!(
-    "select distinct on (o.subject) o.subject, o.created_at, o.id",
-    "  from outbox_events o",
-    "  join unnest($1::text[], $2::timestamptz[], $3::uuid[]) as f(subject, last_at, last_id)",
-    "    on o.subject = f.subject",
-    " where o.published_at is null",
-    "   and ",
-    after_floor!("$4", "$5"),
-    "   and (o.created_at, o.id) <= (f.last_at, f.last_id)",
-    "   and not exists (select 1 from unnest($6::uuid[]) as c(id) where c.id = o.id)",
-    " order by o.subject, o.created_at, o.id"
-);
-
-/// Around [`GAPS`]: its anti-join against the claimed ids must be a hash join (a generic
-/// plan takes the id array for 10 elements and would loop over it per candidate row).
-pub(super) const NESTLOOP_OFF: &str = "select set_config('enable_nestloop', 'off', true)";
-/// See [`NESTLOOP_OFF`].
-pub(super) const NESTLOOP_ON: &str = "select set_config('enable_nestloop', 'on', true)";
-
-/// Whether a row [`CLAIM`] could take, emitted before the batch began, is waiting: its
-/// predicate without its locks (`$1`-`$3` the lane, `$4`, `$5` the floor, `$6` paused), so
-/// other transactions' locks and the batch's own cut rows count.
-pub(super) const WAITING: &str = concat!(
-    "select 1",
-    "  from outbox_events o",
-    " where o.published_at is null",
-    "   and o.created_at < now()",
-    "   and ",
-    after_floor!("$4", "$5"),
-    "   and ",
-    lane_bounds!("$1", "$2", "$3"),
-    "   and ",
-    in_lane!("$1", "$2", "$3"),
-    "   and not ",
-    parked!(),
-    "   and o.subject not in (select unnest($6::text[]))",
-    " order by o.created_at",
-    " limit 1"
-);
-
-/// Where the lane's floor (`$4`, `$5`) may move: its first claimable row after the floor
-/// (neither parked nor paused, `$6`), if any, and the instant a second before this statement
-/// (the floor stays behind both). One range of the unpublished index, read once (docs/relay.md,
-/// *Parked subjects, and the floor*). `$1`-`$3`: the lane.
-pub(super) const ADVANCE: &str = concat!(
-    "select f.created_at, f.id, statement_timestamp() - interval '1 second' as settled",
-    "  from (select 1) as one",
-    "  left join lateral (",
-    "       select o.created_at, o.id from outbox_events o",
-    "        where o.published_at is null and ",
-    after_floor!("$4", "$5"),
+    "with c as materialized (select o.id, o.subject, o.created_at from outbox_events o",
+    "                         where o.id = any($1::uuid[])),",
+    "     last as (select distinct on (c.subject) c.subject, c.created_at, c.id from c",
+    "               order by c.subject, c.created_at desc, c.id desc),",
+    "     holes as (",
+    "       select distinct on (o.subject) o.subject, o.created_at, o.id",
+    "         from outbox_events o join last on o.subject = last.subject",
+    "        where o.published_at is null",
     "          and ",
-    lane_bounds!("$1", "$2", "$3"),
+    from!("$2", "$3"),
+    "          and o.created_at <= (select max(c.created_at) from c)",
     "          and ",
-    in_lane!("$1", "$2", "$3"),
-    "          and not ",
-    parked!(),
-    "          and o.subject not in (select unnest($6::text[]))",
-    "        order by o.created_at, o.id limit 1) as f on true"
-);
-
-/// The lane's first claimable row at or before its floor (`$4`, `$5`), if one appeared there
-/// (a row inserted by hand with an old `created_at`): the floor moves back before it.
-/// `$1`-`$3`: the lane; `$6`: paused subjects.
-pub(super) const BELOW_FLOOR: &str = concat!(
-    "select o.created_at, o.id",
-    "  from outbox_events o",
-    " where o.published_at is null",
-    "   and o.created_at <= $4::timestamptz and (o.created_at, o.id) <= ($4::timestamptz, $5)",
-    "   and ",
-    lane_bounds!("$1", "$2", "$3"),
-    "   and ",
-    in_lane!("$1", "$2", "$3"),
-    "   and not ",
-    parked!(),
-    "   and o.subject not in (select unnest($6::text[]))",
-    " order by o.created_at, o.id",
-    " limit 1"
+    lane_bounds!("$4", "$5", "$6"),
+    "          and o.created_at <= last.created_at",
+    "          and (o.created_at, o.id) < (last.created_at, last.id)",
+    "          and o.id not in (select c.id from c)",
+    "        order by o.subject, o.created_at, o.id)",
+    "select c.id from c join holes h on h.subject = c.subject",
+    " where (c.created_at, c.id) > (h.created_at, h.id)"
 );
 
 /// The marks address the claimed rows by `ctid`, which their row locks keep stable until this
@@ -333,10 +278,38 @@ select o.subject, o.id,
 pub(super) const UNPARK: &str = "delete from outbox_retries where event_id = any($1)";
 
 /// Retry schedules whose head is no longer an unpublished row (published or deleted by hand):
-/// they would hold their subject for nothing.
-pub(super) const SWEEP: &str = "\
-delete from outbox_retries r
- where not exists (select 1 from outbox_events e where e.id = r.event_id and e.published_at is null)";
+/// their subjects, which stay parked until the relay moves the schedule on ([`REPOINT`]). One
+/// primary-key probe per schedule (a scalar subquery: an anti-join would read the whole table),
+/// so that the statement stays short however large the table is: a long statement of the
+/// relay's own would hold its horizon back too.
+pub(super) const STALE: &str = "\
+select r.subject from outbox_retries r
+ where (select e.published_at is null from outbox_events e where e.id = r.event_id) is not true
+ limit 100";
+
+/// Moves the stale schedule of subject `$1` on to the subject's oldest unpublished row, due
+/// now, so that the lane whose partition it is publishes it and releases the subject in order
+/// (its later rows lie behind the cursor); or drops the schedule when the subject has no
+/// unpublished row. Rare (a head written by hand), so the subject's rows are found by the
+/// unpublished index, however long.
+pub(super) const REPOINT: &str = "\
+with head as (select o.id from outbox_events o
+               where o.subject = $1 and o.published_at is null
+               order by o.created_at, o.id limit 1),
+     moved as (update outbox_retries r
+                  set event_id = head.id, retry_at = now(),
+                      reason = 'its event was published or deleted by hand; the next one goes now'
+                 from head
+                where r.subject = $1
+                  and not exists (select 1 from outbox_events e
+                                   where e.id = r.event_id and e.published_at is null)
+               returning 1),
+     dropped as (delete from outbox_retries r
+                  where r.subject = $1 and not exists (select 1 from head)
+                    and not exists (select 1 from outbox_events e
+                                     where e.id = r.event_id and e.published_at is null)
+                 returning 1)
+select (select count(*) from moved) + (select count(*) from dropped)";
 
 /// The held rows, oldest first, with their schedules' reasons (`created_at` as text: it may be
 /// infinite in a hand-written row).
@@ -353,45 +326,23 @@ select e.id, e.event_type, e.subject, e.attempts, r.reason, r.since,
 pub(super) const BACKLOG_TYPES: &str =
     "select distinct event_type from outbox_events where published_at is null limit $1";
 
-/// A relay's heartbeat (`$1` its id, `$2` its partitions, `$3` its lanes): its row refreshed
-/// on the database's clock, rows not seen for an hour deleted, and the running relays (seen
-/// within `$4` seconds) read, this one among them whatever the snapshot shows.
-macro_rules! beat {
-    ($notify:expr) => {
-        concat!(
-            "with beat as (
-  insert into outbox_relays as r (id, partitions, lanes) values ($1, $2, $3)
-      on conflict (id) do update
-     set seen_at = now(), partitions = excluded.partitions, lanes = excluded.lanes
-  returning r.id, r.partitions, r.lanes),
-gone as (delete from outbox_relays where seen_at < now() - interval '1 hour')
-select id, partitions, lanes from outbox_relays
- where id <> $1 and seen_at > now() - $4 * interval '1 second'
-union all
-select id, partitions, lanes from beat",
-            $notify
-        )
-    };
-}
+/// The relay lease (migration 0011): holder `$1` takes it or keeps it for `$2` milliseconds,
+/// when it holds it or the holder's has run out, on the database's clock. Returns how long it
+/// is held from now, in seconds; no row when another relay holds it.
+pub(super) const LEASE: &str = "\
+insert into outbox_relay_lease as l (name, holder, acquired_at, expires_at)
+values ('relay', $1, now(), now() + $2 * interval '1 millisecond')
+    on conflict (name) do update
+   set holder = excluded.holder,
+       acquired_at = case when l.holder = excluded.holder then l.acquired_at else now() end,
+       expires_at = excluded.expires_at
+ where l.holder = excluded.holder or l.expires_at < now()
+returning extract(epoch from (l.expires_at - now()))::float8";
 
-/// See [`beat!`].
-pub(super) const BEAT: &str = beat!("");
-
-/// The first heartbeat, which also tells the other relays (`NOTIFY_CHANNEL`, `'relays'`).
-pub(super) const JOIN: &str = beat!(concat!(
-    ", (select pg_notify('",
-    crate::emit::notify_channel!(),
-    "', 'relays')) as told"
-));
-
-/// A relay leaving: its row deleted, and the others told.
-pub(super) const LEAVE: &str = concat!(
-    "\
-with gone as (delete from outbox_relays where id = $1 returning id)
-select pg_notify('",
-    crate::emit::notify_channel!(),
-    "', 'relays') from gone"
-);
+/// Holder `$1` gives the lease up: another relay may take it at once.
+pub(super) const RESIGN: &str = "\
+update outbox_relay_lease set expires_at = now() - interval '1 millisecond'
+ where name = 'relay' and holder = $1";
 
 #[cfg(test)]
 mod tests {
@@ -402,19 +353,16 @@ mod tests {
     }
 
     #[test]
-    fn the_claim_tests_the_lane_and_the_schedules_before_it_takes_a_lock() {
+    fn the_claim_tests_the_lane_the_schedules_and_the_pauses_and_takes_no_advisory_lock() {
         let claim = squash(CLAIM);
-        let lock = claim.find("pg_try_advisory_xact_lock").unwrap();
         for condition in [
             in_lane!("$2", "$3", "$4"),
             "from outbox_retries r where r.subject = o.subject",
-            "not in (select unnest($8::text[]))",
+            "not in (select unnest($9::text[]))",
         ] {
-            let at = claim
-                .find(condition)
-                .unwrap_or_else(|| panic!("{condition} in {claim}"));
-            assert!(at < lock, "{condition} comes before the lock");
+            assert!(claim.contains(condition), "{condition} in {claim}");
         }
+        assert!(!claim.contains("advisory"), "{claim}");
         assert!(claim.ends_with("order by o.created_at, o.id limit $1 for update of o skip locked"));
     }
 
@@ -428,41 +376,32 @@ mod tests {
     }
 
     #[test]
-    fn every_statement_over_the_backlog_starts_at_the_floor() {
-        for (name, sql) in [
-            ("CLAIM", CLAIM),
-            ("UNCLAIMED", UNCLAIMED),
-            ("GAPS", GAPS),
-            ("WAITING", WAITING),
-            ("ADVANCE", ADVANCE),
-        ] {
+    fn the_statements_over_the_backlog_start_at_a_position_the_index_can_bound() {
+        for (name, sql) in [("CLAIM", CLAIM), ("RANGE", RANGE), ("GAPS", GAPS)] {
             let sql = squash(sql);
             assert!(
-                sql.contains("o.created_at >= $") && sql.contains("(o.created_at, o.id) > ($"),
+                sql.contains("o.created_at >= $") && sql.contains("(o.created_at, o.id) >= ($"),
                 "{name}: {sql}"
             );
         }
     }
 
     #[test]
-    fn the_claimable_predicate_is_the_same_everywhere() {
-        for sql in [UNCLAIMED, WAITING] {
-            assert!(squash(sql).contains(&squash(concat!("not ", parked!()))));
-            assert!(squash(sql).contains(in_lane!("$1", "$2", "$3")));
-            assert!(squash(sql).contains(lane_bounds!("$1", "$2", "$3")));
-        }
+    fn a_window_judges_parked_subjects_as_the_claim_does() {
+        assert!(squash(RANGE).contains(&squash(parked!("w"))));
+        assert_eq!(
+            squash(parked!("w")).replace("w.subject", "o.subject"),
+            squash(parked!("o"))
+        );
+        assert!(squash(RANGE).contains(lane_bounds!("$1", "$2", "$3")));
+        assert!(squash(RANGE).contains(in_lane!("$1", "$2", "$3")));
     }
 
     #[test]
-    fn joining_and_leaving_tell_the_other_relays() {
-        let told = format!(
-            "'{}', '{}'",
-            crate::NOTIFY_CHANNEL,
-            super::super::listen::MEMBERS
-        );
-        for sql in [JOIN, LEAVE] {
-            assert!(sql.contains(&told), "{sql}");
-        }
-        assert!(!BEAT.contains("pg_notify"));
+    fn gaps_name_rows_by_id_only() {
+        let gaps = squash(GAPS);
+        assert!(gaps.starts_with("with c as materialized"));
+        assert!(gaps.ends_with("where (c.created_at, c.id) > (h.created_at, h.id)"));
+        assert!(gaps.contains("o.id = any($1::uuid[])"));
     }
 }

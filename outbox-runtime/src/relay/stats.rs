@@ -54,7 +54,9 @@ impl BatchReport {
 /// Totals since the relay was created.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayStats {
-    /// Batches committed.
+    /// Claims made, the ones that found nothing included: each is a transaction of the relay's.
+    pub claims: u64,
+    /// Batches committed (claims that found rows).
     pub batches: u64,
     /// Rows claimed.
     pub claimed: u64,
@@ -77,6 +79,7 @@ pub struct RelayStats {
 /// The relay's running totals, shared by its lanes.
 #[derive(Debug, Default)]
 pub(super) struct Counters {
+    claims: AtomicU64,
     batches: AtomicU64,
     claimed: AtomicU64,
     published: AtomicU64,
@@ -89,6 +92,11 @@ pub(super) struct Counters {
 }
 
 impl Counters {
+    /// A claim was made.
+    pub(super) fn claimed(&self) {
+        self.claims.fetch_add(1, Relaxed);
+    }
+
     pub(super) fn add(&self, r: &BatchReport) {
         self.batches.fetch_add(1, Relaxed);
         self.claimed.fetch_add(r.claimed as u64, Relaxed);
@@ -104,6 +112,7 @@ impl Counters {
 
     pub(super) fn snapshot(&self) -> RelayStats {
         RelayStats {
+            claims: self.claims.load(Relaxed),
             batches: self.batches.load(Relaxed),
             claimed: self.claimed.load(Relaxed),
             published: self.published.load(Relaxed),

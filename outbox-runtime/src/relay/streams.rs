@@ -106,13 +106,6 @@ impl Streams {
             .map(|e| e.capture.clone())
     }
 
-    /// Forgets every "no stream captures it": held rows were released, perhaps because the
-    /// stream now exists.
-    pub(super) fn forget_uncaptured(&self) {
-        let mut map = self.by_type.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, e| e.capture != Capture::Nothing);
-    }
-
     /// The stream that captures `event_type`, if the cache knows it.
     pub(super) fn cached_stream(&self, event_type: &str) -> Option<String> {
         match self.fresh(event_type, Instant::now()) {

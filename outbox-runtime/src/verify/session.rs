@@ -208,11 +208,10 @@ impl Session {
         .map_err(db)?
         .rows_affected();
         if republished > 0 {
-            // `release`, as `outbox unblock` sends: the rows are older than the relays'
-            // floors may be, so every lane goes back to the start
-            sqlx::query("select pg_notify($1, $2)")
+            // the rows lie before the relay's cursors: its sweep finds them within seconds
+            // (docs/relay.md, *The cursor*); the notification wakes an idle relay for it
+            sqlx::query("select pg_notify($1, '')")
                 .bind(crate::NOTIFY_CHANNEL)
-                .bind(crate::relay::listen::RELEASE)
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;

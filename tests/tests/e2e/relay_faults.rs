@@ -591,12 +591,12 @@ async fn eight_relays_of_two_lanes_stay_inside_the_default_lock_table_beside_an_
     ctx.delete_stream().await;
 }
 
-/// `(idx_scan, idx_tup_read)` of the unpublished index: how many range scans the relay's
-/// statements made of it, and how many entries they read.
+/// `(idx_scan, idx_tup_read)` of the unpublished index the relay's statements read (migration
+/// 0010's): how many range scans they made of it, and how many entries they read.
 async fn unpublished_index_reads(pool: &PgPool) -> (i64, i64) {
     sqlx::query_as(
         "select idx_scan, idx_tup_read from pg_stat_user_indexes \
-          where indexrelname = 'outbox_events_unpublished_idx'",
+          where indexrelname = 'outbox_events_unpublished_partition_idx'",
     )
     .fetch_one(pool)
     .await

@@ -1,13 +1,13 @@
 //! Several relays, and several lanes of one relay, on one table: every committed event reaches
-//! the stream once, each subject's events arrive in created_at order, the relays' lanes keep to
-//! slots of their own and a dead relay's slots are taken over within seconds, and a relay that
-//! finds every row held by another transaction claims again soon.
+//! the stream once, each subject's events arrive in created_at order, one relay holds the lease
+//! and publishes while the others stand by, a dead holder's place is taken within seconds, any
+//! number of batches publishing at once (no lease: the step API) still keep each subject's
+//! order, and a relay that finds every row held by another transaction claims again soon.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_runtime::relay::LOCK_NAMESPACE;
 use outbox_runtime::{EmitExt, Relay, RelayConfig, Schemas};
 use outbox_testkit::suite::Ctx;
 use outbox_testkit::{eventually, open_schemas, raw_event, run_relay};
@@ -155,12 +155,83 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
         relays_started.elapsed()
     );
     assert_eq!(published_by.iter().sum::<u64>(), EVENTS as u64);
-    assert!(
-        published_by.iter().filter(|&&n| n > 0).count() > 1,
-        "the relays shared the work: {published_by:?}"
+    assert_eq!(
+        published_by.iter().filter(|&&n| n > 0).count(),
+        1,
+        "one relay holds the lease and publishes, the others stand by: {published_by:?}"
     );
 
     assert_stream_matches(&ctx, &expected, EVENTS).await;
+    ctx.delete_stream().await;
+}
+
+/// Order does not rest on the lease: four loops driving batches with the step API
+/// (`Relay::run_once`, which takes no lease) over one table at once, while a writer emits,
+/// publish every event once and each subject in order. Each batch publishes a subject's rows
+/// only while it holds every unpublished row of the subject before them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batches_of_four_relays_at_once_without_the_lease_keep_each_subjects_order() {
+    const STEPPED: usize = 8_000;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let types = vec![ctx.event_type("billing.subscription.created")];
+    let schemas = open_schemas(&types);
+    let config = RelayConfig {
+        subjects: types.clone(),
+        batch_size: 100,
+        ..Default::default()
+    };
+    let mut expected = HashMap::new();
+    emit(ctx.pool(), &schemas, &types, 0..STEPPED / 2, &mut expected).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut loops = Vec::new();
+    for _ in 0..RELAYS {
+        let pool = ctx.db.new_pool(config.pool_size()).await;
+        let relay = Relay::new(pool, ctx.js.clone(), config.clone())
+            .await
+            .unwrap();
+        let done = done.clone();
+        loops.push(tokio::spawn(async move {
+            let mut cut = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let report = relay.run_once().await.unwrap();
+                cut += report.skipped;
+                if report.claimed == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            (relay.stats().published, cut)
+        }));
+    }
+    emit(
+        ctx.pool(),
+        &schemas,
+        &types,
+        STEPPED / 2..STEPPED,
+        &mut expected,
+    )
+    .await;
+    eventually(
+        Duration::from_secs(300),
+        "every event published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut published_by = Vec::new();
+    for l in loops {
+        published_by.push(l.await.unwrap());
+    }
+    eprintln!("published and cut per loop: {published_by:?}");
+    assert_eq!(
+        published_by.iter().map(|(p, _)| p).sum::<u64>(),
+        STEPPED as u64
+    );
+    assert!(
+        published_by.iter().filter(|(p, _)| *p > 0).count() > 1,
+        "the loops published at once: {published_by:?}"
+    );
+    assert_stream_matches(&ctx, &expected, STEPPED).await;
     ctx.delete_stream().await;
 }
 
@@ -217,26 +288,21 @@ async fn assert_stream_matches(ctx: &Ctx, expected: &HashMap<String, Vec<Uuid>>,
     }
 }
 
-/// Per backend holding relay partition locks in the test's database (not the wake lock, key
-/// -1): the slots of its partitions, out of `lanes` (slot `k` of `n` is the range of
-/// partitions `[k * 1024 / n, (k + 1) * 1024 / n)`).
-async fn partitions_held(ctx: &Ctx, lanes: usize) -> Vec<(i32, Vec<i64>)> {
-    sqlx::query_as(
-        "select pid, array_agg(distinct objid::int8 * $2 / 1024 order by objid::int8 * $2 / 1024) from pg_locks \
-          where locktype = 'advisory' and classid = $1::int8::oid and objsubid = 2 \
-            and objid::int8 < 4294967295 \
-            and database = (select oid from pg_database where datname = current_database()) \
-          group by pid",
+/// The relay's batches open at once in the test's database: backends in a transaction whose
+/// last statement was one of the relay's.
+async fn open_batches(ctx: &Ctx) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from pg_stat_activity \
+          where datname = current_database() and xact_start is not null \
+            and pid <> pg_backend_pid() and query not like 'select count(*) from pg_stat_activity%'",
     )
-    .bind(i64::from(LOCK_NAMESPACE))
-    .bind(lanes as i64)
-    .fetch_all(ctx.pool())
+    .fetch_one(ctx.pool())
     .await
     .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order() {
+async fn one_relays_lanes_run_batches_at_once_and_keep_each_subjects_order() {
     const LANES: usize = 4;
     const BACKLOG: usize = 12_000;
     let (ctx, types, expected) = one_type_backlog(BACKLOG).await;
@@ -246,26 +312,20 @@ async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order(
         ..Default::default()
     };
     let (relay, stop, running) = start_relay(&ctx, config).await;
-
-    // While the backlog drains, every open batch (one backend each) holds advisory locks only
-    // on partitions of its own lane: one slot of LANES per backend.
     let mut samples_with_two_lanes = 0;
     while ctx.db.unpublished().await > 0 {
-        let held = partitions_held(&ctx, LANES).await;
-        for (pid, slots_of) in &held {
-            assert_eq!(
-                slots_of.len(),
-                1,
-                "backend {pid} holds partitions of several lanes (slots of {LANES}: {slots_of:?})"
-            );
-        }
-        if held.len() >= 2 {
+        if open_batches(&ctx).await >= 2 {
             samples_with_two_lanes += 1;
         }
     }
     stop.send(()).unwrap();
     running.await.unwrap();
     assert_eq!(relay.stats().published, BACKLOG as u64);
+    assert_eq!(
+        relay.stats().skipped,
+        0,
+        "the lanes' subjects are disjoint: nothing was cut"
+    );
     assert!(
         samples_with_two_lanes > 0,
         "no sample saw two lanes with open batches at once"
@@ -301,23 +361,15 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon() {
     );
     holder.rollback().await.unwrap();
 
-    // The lanes keep to their own partitions meanwhile: one slot of 2 per
-    // open batch.
     let released = std::time::Instant::now();
     while ctx.db.unpublished().await > 0 {
-        // (the poll is an hour away: only the retry after finding rows held gets here; the
-        // bound leaves room for a loaded machine)
+        // (the poll is an hour away: only the lanes' own retries get here; the bound leaves
+        // room for a loaded machine)
         assert!(
             released.elapsed() < Duration::from_secs(30),
             "the relay did not publish the released rows (no notification was sent for them)"
         );
-        for (pid, slots_of) in partitions_held(&ctx, 2).await {
-            assert_eq!(
-                slots_of.len(),
-                1,
-                "backend {pid} holds partitions of both lanes"
-            );
-        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.send(()).unwrap();
     running.await.unwrap();
@@ -326,45 +378,22 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon() {
     ctx.delete_stream().await;
 }
 
-/// Per relay (the application name of its pool) and backend holding relay partition locks: the
-/// slots of its partitions, out of `slots` (as [`partitions_held`]).
-async fn slots_held(ctx: &Ctx, slots: i64) -> Vec<(String, i32, Vec<i64>)> {
-    sqlx::query_as(
-        "select a.application_name, l.pid, \
-                array_agg(distinct l.objid::int8 * $2 / 1024 order by l.objid::int8 * $2 / 1024) \
-           from pg_locks l join pg_stat_activity a on a.pid = l.pid \
-          where l.locktype = 'advisory' and l.classid = $1::int8::oid and l.objsubid = 2 \
-            and l.objid::int8 < 4294967295 \
-            and l.database = (select oid from pg_database where datname = current_database()) \
-          group by a.application_name, l.pid",
-    )
-    .bind(i64::from(LOCK_NAMESPACE))
-    .bind(slots)
-    .fetch_all(ctx.pool())
-    .await
-    .unwrap()
-}
-
-/// The running relays `outbox_relays` lists (seen within the last 5 s).
-async fn relays_listed(ctx: &Ctx) -> i64 {
-    sqlx::query_scalar(
-        "select count(*) from outbox_relays where seen_at > now() - interval '5 seconds'",
-    )
-    .fetch_one(ctx.pool())
-    .await
-    .unwrap()
+/// The relay lease's holder, if its lease runs.
+async fn lease_holder(ctx: &Ctx) -> Option<Uuid> {
+    sqlx::query_scalar("select holder from outbox_relay_lease where expires_at > now()")
+        .fetch_optional(ctx.pool())
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_over_within_seconds() {
-    const LANES: usize = 2;
+async fn a_killed_lease_holders_place_is_taken_within_seconds_and_order_holds() {
     let ctx = Ctx::new().await;
     ctx.ensure_stream().await;
     let types = vec![ctx.event_type("billing.subscription.created")];
     let schemas = open_schemas(&types);
     let config = RelayConfig {
         subjects: types.clone(),
-        lanes: LANES,
         ..Default::default()
     };
     let mut expected = HashMap::new();
@@ -372,19 +401,10 @@ async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_ove
     emit(ctx.pool(), &schemas, &types, 0..5_000, &mut expected).await;
     next += 5_000;
 
-    // four relays, each with a pool of its own (as four processes) named after it
+    // four relays, each with a pool of its own (as four processes)
     let mut relays = Vec::new();
-    for n in 0..RELAYS {
-        let options = ctx
-            .db
-            .options
-            .clone()
-            .application_name(&format!("relay-{n}"));
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(config.pool_size())
-            .connect_with(options)
-            .await
-            .unwrap();
+    for _ in 0..RELAYS {
+        let pool = ctx.db.new_pool(config.pool_size()).await;
         let relay = Arc::new(
             Relay::new(pool.clone(), ctx.js.clone(), config.clone())
                 .await
@@ -393,68 +413,33 @@ async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_ove
         let (stop, running) = run_relay(relay.clone());
         relays.push((relay, stop, running, pool));
     }
-    eventually(Duration::from_secs(30), "four relays listed", || async {
-        relays_listed(&ctx).await == RELAYS as i64
+    eventually(Duration::from_secs(30), "one relay publishes", || async {
+        relays.iter().any(|(r, ..)| r.stats().published > 0)
     })
     .await;
-    // the last to join told the others, which share the partitions anew within a heartbeat
-    tokio::time::sleep(Duration::from_secs(2)).await;
-
-    // While they drain a steady flow, every relay works and every slot of four is worked on
-    // (four relays of two lanes together run about as many lanes as one: one slot each; a
-    // relay can change slots while the machine is loaded, when a late heartbeat drops it from
-    // the others' shares for a moment, so its slot is not asserted).
-    let slots = RELAYS as i64;
-    let mut seen: HashMap<String, HashSet<i64>> = HashMap::new();
-    let mut last: HashMap<String, i64> = HashMap::new();
-    let sampling = std::time::Instant::now();
-    while sampling.elapsed() < Duration::from_secs(4)
-        || seen.values().flatten().collect::<HashSet<_>>().len() < slots as usize
-        || seen.len() < RELAYS
-    {
-        assert!(
-            sampling.elapsed() < Duration::from_secs(60),
-            "not every slot and relay was seen at work: {seen:?}"
-        );
-        emit(
-            ctx.pool(),
-            &schemas,
-            &types,
-            next..next + 200,
-            &mut expected,
-        )
-        .await;
-        next += 200;
-        for (relay, _, slots_of) in slots_held(&ctx, slots).await {
-            if let [slot] = slots_of[..] {
-                last.insert(relay.clone(), slot);
-            }
-            seen.entry(relay).or_default().extend(slots_of);
-        }
-    }
-    eprintln!("slots each relay was seen working on (mod {slots}): {seen:?}");
-    // the slot relay-3 worked on last
-    let dead = vec![*last
-        .get("relay-3")
-        .expect("relay-3 was seen working on one slot")];
-
-    // relay-3 dies mid-drain: its task is dropped without a shutdown (its batch rolled back,
-    // its row left in outbox_relays, as a killed process leaves it)
-    let (killed, _, running, pool) = relays.pop().unwrap();
-    running.abort();
-    let _ = running.await;
-    // and its connections go, as a dead process's do
-    pool.close().await;
-    let killed_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("select clock_timestamp()")
-        .fetch_one(ctx.pool())
-        .await
+    let first = lease_holder(&ctx).await.expect("a relay holds the lease");
+    let holder = relays
+        .iter()
+        .position(|(r, ..)| r.stats().published > 0)
         .unwrap();
-    assert!(
-        killed.stats().published > 0,
-        "relay-3 published before it died"
+    assert_eq!(
+        relays
+            .iter()
+            .filter(|(r, ..)| r.stats().published > 0)
+            .count(),
+        1,
+        "one relay publishes"
     );
 
-    // its partitions: the others take them once its heartbeat is 5 s old
+    // the holder dies mid-drain: its task is dropped without a shutdown (its batch rolled back,
+    // its lease left to run out, as a killed process leaves it), and its connections go
+    let (killed, _, running, pool) = relays.remove(holder);
+    running.abort();
+    let _ = running.await;
+    pool.close().await;
+    let killed_at = std::time::Instant::now();
+    let before: Vec<u64> = relays.iter().map(|(r, ..)| r.stats().published).collect();
+    assert_eq!(before, [0, 0, 0]);
     let taken_over = loop {
         emit(
             ctx.pool(),
@@ -465,57 +450,44 @@ async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_ove
         )
         .await;
         next += 200;
-        let published: i64 = sqlx::query_scalar(
-            "select count(*) from outbox_events \
-              where published_at > $1 and (hashtext(subject) & 2147483647) % 1024 * $2 / 1024 = any($3)",
-        )
-        .bind(killed_at)
-        .bind(slots)
-        .bind(&dead)
-        .fetch_one(ctx.pool())
-        .await
-        .unwrap();
-        let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("select clock_timestamp()")
-            .fetch_one(ctx.pool())
-            .await
-            .unwrap();
-        let since = (now - killed_at).to_std().unwrap_or_default();
-        if published > 0 {
-            break since;
+        if relays.iter().any(|(r, ..)| r.stats().published > 0) {
+            break killed_at.elapsed();
         }
         assert!(
-            since < Duration::from_secs(20),
-            "relay-3's partitions were not taken over within 20 s of its death"
+            killed_at.elapsed() < Duration::from_secs(20),
+            "no relay took the lease over within 20 s of the holder's death"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(
-        taken_over >= Duration::from_secs(3),
-        "its partitions were taken after {taken_over:?}, before its heartbeat could be stale: \
-         were they its own?"
-    );
-    assert_eq!(relays_listed(&ctx).await, (RELAYS - 1) as i64);
-
+    let second = lease_holder(&ctx).await.expect("a relay holds the lease");
+    assert_ne!(first, second, "another relay holds it");
     eventually(
         Duration::from_secs(300),
         "every event published",
         || async { ctx.db.unpublished().await == 0 },
     )
     .await;
+    let mut published_by = vec![killed.stats().published];
     for (relay, stop, running, _) in relays {
         stop.send(()).unwrap();
         running.await.unwrap();
-        assert!(relay.stats().published > 0);
+        published_by.push(relay.stats().published);
     }
-    let left: i64 = sqlx::query_scalar("select count(*) from outbox_relays")
-        .fetch_one(ctx.pool())
-        .await
-        .unwrap();
-    assert_eq!(
-        left, 1,
-        "the stopped relays deleted their rows; the killed one's stays until it is an hour old"
+    eprintln!("the holder's place taken {taken_over:?} after it died; published: {published_by:?}");
+    assert!(
+        taken_over >= Duration::from_secs(2),
+        "taken over after {taken_over:?}, before the dead holder's lease could run out"
     );
-    eprintln!("relay-3's partitions taken over {taken_over:?} after it died");
+    assert_eq!(
+        published_by.iter().filter(|&&n| n > 0).count(),
+        2,
+        "the dead holder and one successor published: {published_by:?}"
+    );
+    assert_eq!(
+        lease_holder(&ctx).await,
+        None,
+        "the stopped relays gave the lease up"
+    );
     assert_stream_matches(&ctx, &expected, next).await;
     ctx.delete_stream().await;
 }
@@ -565,8 +537,8 @@ async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
     );
     for (lanes, lane) in [(4, 1), (2, 0), (16, 15)] {
         let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "explain (format json) execute claim_plan(500, {}, {lanes}, {lane}, {LOCK_NAMESPACE}, \
-             '-infinity', '00000000-0000-0000-0000-000000000000', '{{}}')",
+            "explain (format json) execute claim_plan(500, {}, {lanes}, {lane}, \
+             '-infinity', '00000000-0000-0000-0000-000000000000', null, null, '{{}}')",
             defaults.partitions
         )))
         .fetch_one(&mut *tx)

@@ -1,7 +1,7 @@
 //! The wake lock: an emit notifies only while a relay waits for commits, and no event waits for
 //! the fallback poll in any interleaving of an emit with a relay going to sleep. Every relay
-//! here polls once an hour, so an event it did not hear of would stay unpublished past the
-//! tests' bounds.
+//! here polls once an hour, so an event it did not hear of would wait for the lanes' own
+//! wake-ups (their sweep, once a second) at best.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +31,8 @@ async fn wake_lock(ctx: &Ctx) -> (i64, i64) {
     .unwrap()
 }
 
-/// A listener on the emit channel, and the emits' notifications it has received so far (the
-/// relays' own payloads, such as `relays` and `heartbeat`, are not an emit's).
+/// A listener on the emit channel, and the emits' notifications it has received so far (an
+/// emit's payload is its subject's partition, a number).
 struct Announcements(PgListener);
 
 impl Announcements {
@@ -47,7 +47,7 @@ impl Announcements {
         let mut n = 0;
         let end = tokio::time::Instant::now() + wait;
         while let Ok(Ok(Some(note))) = tokio::time::timeout_at(end, self.0.try_recv()).await {
-            if note.payload().is_empty() {
+            if note.payload().parse::<u16>().is_ok() {
                 n += 1;
             }
         }
@@ -109,8 +109,10 @@ async fn emits_send_no_notification_while_no_relay_waits() {
 }
 
 /// The classic lost wake-up, forced: the emit checks for a waiting relay before the relay goes
-/// to sleep (so it sends no notification) and commits after the relay's last claim. The relay's
-/// wake lock waits for that transaction, and its grant makes the lanes claim again.
+/// to sleep (so it sends no notification) and commits after the relay's last claim. The relay
+/// cannot take the wake lock while the emit holds it shared, so its lanes linger, claiming now
+/// and then (never in a hot loop), and the event is published once it commits; then the relay
+/// takes the lock, and the next emit notifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits() {
     let ctx = Ctx::new().await;
@@ -125,26 +127,34 @@ async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits()
         .await
         .unwrap();
 
-    // the relay claims (the row is not committed, so it finds nothing), its lanes go to sleep,
-    // and its wake lock waits behind the open transaction
+    // the relay claims (the row is not committed, so it finds nothing) and cannot take the
+    // lock: it neither holds it nor waits for it
     let relay = Arc::new(
         Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
             .await
             .unwrap(),
     );
     let (stop, running) = run_relay(relay.clone());
-    eventually(
-        Duration::from_secs(10),
-        "the relay waits for the wake lock",
-        || async { wake_lock(&ctx).await == (0, 1) },
-    )
+    eventually(Duration::from_secs(15), "the relay claims", || async {
+        relay.stats().claims > 0
+    })
     .await;
-    let batches = relay.stats().batches;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let claims = relay.stats().claims;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let lingered = relay.stats().claims - claims;
+    assert!(
+        lingered > 0,
+        "the lanes keep claiming while the lock is not theirs"
+    );
+    assert!(
+        lingered < 200,
+        "{lingered} claims in a second: the lanes' pause grows to 50 ms, not a hot loop"
+    );
     assert_eq!(
-        relay.stats().batches,
-        batches,
-        "the lanes sleep (they poll once an hour)"
+        wake_lock(&ctx).await,
+        (0, 0),
+        "nobody holds or waits for the lock"
     );
     assert!(!published(&ctx, id).await);
 
@@ -163,13 +173,14 @@ async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits()
         "the emit sent no notification"
     );
     eprintln!("published {took:?} after its commit, without a notification");
-    assert_eq!(
-        wake_lock(&ctx).await,
-        (1, 0),
-        "the relay holds the lock while it waits"
-    );
+    eventually(
+        Duration::from_secs(5),
+        "the relay holds the lock while it waits",
+        || async { wake_lock(&ctx).await == (1, 0) },
+    )
+    .await;
 
-    // now a relay waits: the next emit notifies, and is published at once
+    // now the relay waits: the next emit notifies, and is published at once
     let id = emit_committed(
         ctx.pool(),
         &schemas,
@@ -281,12 +292,11 @@ async fn a_burst_from_sixteen_connections_across_a_relay_restart_waits_for_no_po
     ctx.delete_stream().await;
 }
 
-/// Two relays wait for the wake lock behind one open emitting transaction whose rows fall in
-/// both relays' partitions: the lock is granted to one of them, and every event is published
-/// (the grant is announced to every relay, and a relay still waiting claims each time its
-/// 900 ms wait ends).
+/// Two relays on one table behind one open emitting transaction: one of them holds the lease
+/// and publishes every event once the transaction commits; the other stands by, takes no wake
+/// lock and publishes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_relays_waiting_behind_one_emit_both_publish_their_rows() {
+async fn of_two_relays_behind_one_emit_the_lease_holder_publishes_every_row() {
     let ctx = Ctx::new().await;
     ctx.ensure_stream().await;
     let (ty, schemas, config) = setup(&ctx);
@@ -306,11 +316,9 @@ async fn two_relays_waiting_behind_one_emit_both_publish_their_rows() {
         );
         relays.push((relay.clone(), run_relay(relay)));
     }
-    eventually(
-        Duration::from_secs(15),
-        "both relays wait for the wake lock",
-        || async { wake_lock(&ctx).await == (0, 2) },
-    )
+    eventually(Duration::from_secs(15), "one relay claims", || async {
+        relays.iter().any(|(r, _)| r.stats().claims > 0)
+    })
     .await;
     tx.commit().await.unwrap();
     eventually(
@@ -319,26 +327,34 @@ async fn two_relays_waiting_behind_one_emit_both_publish_their_rows() {
         || async { ctx.db.unpublished().await == 0 },
     )
     .await;
+    eventually(
+        Duration::from_secs(5),
+        "the holder waits for commits, holding the wake lock alone",
+        || async { wake_lock(&ctx).await == (1, 0) },
+    )
+    .await;
     let mut by_relay = Vec::new();
     for (relay, (stop, running)) in relays {
         stop.send(()).unwrap();
         running.await.unwrap();
-        by_relay.push(relay.stats().published);
+        by_relay.push((relay.stats().published, relay.stats().claims));
     }
-    assert_eq!(by_relay.iter().sum::<u64>(), ids.len() as u64);
-    assert!(
-        by_relay.iter().all(|&n| n > 0),
-        "each relay published its own rows: {by_relay:?}"
+    by_relay.sort();
+    assert_eq!(
+        by_relay[0],
+        (0, 0),
+        "the relay standing by made no claim: {by_relay:?}"
     );
+    assert_eq!(by_relay[1].0, ids.len() as u64);
     ctx.delete_stream().await;
 }
 
-/// Two idle relays: one holds the wake lock, the other waits for it, a little under a second
-/// at a time, so that sqlx's slow-statement warning (a second, by default) is never logged by
-/// a healthy relay. A current-thread runtime: the relays run on the test's thread, where the
-/// recording subscriber is the default.
+/// Two idle relays for a few seconds: the lease holder holds the wake lock and the other
+/// waits for nothing, so neither warns (a lock wait ended by a timeout would also leave an
+/// error in the server's log). A current-thread runtime: the relays run on the test's thread,
+/// where the recording subscriber is the default.
 #[tokio::test]
-async fn a_relay_waiting_for_the_wake_lock_logs_no_warning() {
+async fn two_idle_relays_hold_one_wake_lock_and_warn_of_nothing() {
     let warnings = outbox_tests::warnings::Warnings::default();
     let _recording = warnings.record();
     let ctx = Ctx::new().await;
@@ -354,13 +370,12 @@ async fn a_relay_waiting_for_the_wake_lock_logs_no_warning() {
     }
     eventually(
         Duration::from_secs(15),
-        "one relay holds the wake lock and the other waits for it",
-        || async { wake_lock(&ctx).await == (1, 1) },
+        "one relay holds the wake lock",
+        || async { wake_lock(&ctx).await == (1, 0) },
     )
     .await;
-    // several of the waiting relay's tries, each ended by its lock timeout
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(wake_lock(&ctx).await, (1, 1), "still waiting");
+    assert_eq!(wake_lock(&ctx).await, (1, 0), "nobody waits for it");
     for (stop, running) in relays {
         stop.send(()).unwrap();
         running.await.unwrap();
@@ -372,11 +387,11 @@ async fn a_relay_waiting_for_the_wake_lock_logs_no_warning() {
     ctx.delete_stream().await;
 }
 
-/// A relay dies while three share the table, and events are emitted at once into every
-/// partition: the survivors publish the dead relay's share once they drop it (5 s), though
-/// their lanes were asleep with the poll an hour away.
+/// The relay holding the lease dies while three run, and events are emitted at once: a relay
+/// standing by takes the lease over once it runs out (5 s) and publishes them, though the
+/// lanes' poll is an hour away.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_survivors_of_a_dead_relay_publish_its_share_without_waiting_for_the_poll() {
+async fn a_relay_standing_by_publishes_without_waiting_for_the_poll_once_the_holder_dies() {
     let ctx = Ctx::new().await;
     ctx.ensure_stream().await;
     let (ty, schemas, config) = setup(&ctx);
@@ -390,17 +405,31 @@ async fn the_survivors_of_a_dead_relay_publish_its_share_without_waiting_for_the
         );
         relays.push((relay.clone(), run_relay(relay), pool));
     }
-    eventually(Duration::from_secs(15), "three relays listed", || async {
-        let n: i64 = sqlx::query_scalar("select count(*) from outbox_relays")
-            .fetch_one(ctx.pool())
-            .await
-            .unwrap();
-        n == 3
-    })
+    // the holder: the relay that holds the wake lock once idle
+    eventually(
+        Duration::from_secs(15),
+        "one relay holds the lease",
+        || async { wake_lock(&ctx).await == (1, 0) },
+    )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    // one dies without leaving
-    let (_, (_, running), pool) = relays.pop().unwrap();
+    let first = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&ty, "billing", "first").build(),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the first event is published",
+        || async { published(&ctx, first).await },
+    )
+    .await;
+    let holder = relays
+        .iter()
+        .position(|(r, _, _)| r.stats().published > 0)
+        .expect("the holder published it");
+    // it dies without giving the lease up
+    let (_, (_, running), pool) = relays.remove(holder);
     running.abort();
     let _ = running.await;
     pool.close().await;
@@ -420,12 +449,16 @@ async fn the_survivors_of_a_dead_relay_publish_its_share_without_waiting_for_the
     )
     .await;
     eprintln!(
-        "the dead relay's share published {:?} after its death",
+        "published by the new holder {:?} after the old one died",
         died.elapsed()
     );
-    for (_, (stop, running), _) in relays {
+    let mut published_by = Vec::new();
+    for (relay, (stop, running), _) in relays {
         stop.send(()).unwrap();
         running.await.unwrap();
+        published_by.push(relay.stats().published);
     }
+    published_by.sort();
+    assert_eq!(published_by, [0, 300], "one survivor took over");
     ctx.delete_stream().await;
 }

@@ -1,0 +1,255 @@
+//! The horizon: an instant before which no transaction still running on the database began,
+//! read without any privilege (docs/relay.md, *The cursor*).
+//!
+//! A row committed later by a transaction running now has a `created_at` at or after that
+//! transaction's start (when its writer uses `emit`'s `clock_timestamp()` or the column's
+//! default `now()`), so a cursor that stays before the horizon never passes a row that is yet
+//! to commit. Postgres tells a role without `pg_read_all_stats` neither when other roles'
+//! transactions began nor whether they are in one (`pg_stat_activity` hides it), and prepared
+//! transactions are not sessions at all; but every role can read `pg_locks`, where every
+//! running transaction holds the lock on its own virtual transaction id from its start, and
+//! `pg_prepared_xacts`. So the relay samples which transactions run, now and then, and a
+//! transaction first seen in a sample began after the sample before it (the instants are the
+//! database's, `statement_timestamp()`, read before the locks are). A transaction already
+//! running at the relay's first sample, or a prepared one that cannot be traced to a sampled
+//! one, began at an unknown time: the horizon stays at `-infinity` until it ends.
+
+use std::collections::HashMap;
+
+use super::position::Stamp;
+
+/// Added to the distance between a sample and a transaction's start: the instant `now()`
+/// returns is taken as the first statement of the transaction arrives, just before its
+/// virtual transaction id is locked (a backend descheduled in between could take some time).
+pub(super) const MARGIN_MICROS: i64 = 1_000_000;
+
+/// One sample: the instant it was taken (before the locks were read), the running
+/// transactions of the database (a key unique to each: backend pid and virtual transaction
+/// id, with its transaction id once it has one), and the prepared transactions' ids.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Sample {
+    pub(super) at: Option<Stamp>,
+    pub(super) running: Vec<(String, Option<String>)>,
+    pub(super) prepared: Vec<String>,
+}
+
+/// The relay's record of the running transactions over its samples.
+#[derive(Debug, Default)]
+pub(super) struct Horizon {
+    /// The previous sample's instant (`None` before the first).
+    last: Option<Stamp>,
+    /// Each running transaction of the last sample: the latest instant it is known to have
+    /// begun after (`None`: unknown, it was running at the first sample).
+    began_after: HashMap<String, Option<Stamp>>,
+    /// The same, by transaction id, for the transactions that have one: a prepared
+    /// transaction keeps its id but not its virtual one.
+    by_xid: HashMap<String, Option<Stamp>>,
+    /// The horizon after the last sample.
+    safe: Option<Stamp>,
+}
+
+impl Horizon {
+    /// The horizon: no transaction running at the last sample began before it.
+    pub(super) fn safe(&self) -> Option<Stamp> {
+        self.safe
+    }
+
+    /// Takes `sample` into account and returns the new horizon. A sample without an instant
+    /// (the read failed) changes nothing.
+    pub(super) fn observe(&mut self, sample: Sample) -> Option<Stamp> {
+        let Some(at) = sample.at else {
+            return self.safe;
+        };
+        if self.last.is_some_and(|last| at <= last) {
+            // taken before the last one it is compared with (two lanes sampled at once)
+            return self.safe;
+        }
+        let before = self.last;
+        let mut began_after = HashMap::with_capacity(sample.running.len());
+        let mut by_xid = HashMap::new();
+        for (key, xid) in sample.running {
+            let after = self.began_after.get(&key).copied().unwrap_or(before);
+            if let Some(xid) = xid {
+                by_xid.insert(xid, after);
+            }
+            began_after.insert(key, after);
+        }
+        // a prepared transaction whose id was not seen running began after the previous
+        // sample, or was one of the transactions running then that are gone now (preparing
+        // it gave its virtual id up) before their ids were seen
+        let gone = self
+            .began_after
+            .iter()
+            .filter(|(key, _)| !began_after.contains_key(*key))
+            .map(|(_, after)| *after)
+            .fold(before, min_known);
+        for xid in sample.prepared {
+            let after = self.by_xid.get(&xid).copied().unwrap_or(gone);
+            by_xid.insert(xid, after);
+        }
+        let oldest = by_xid
+            .values()
+            .chain(began_after.values())
+            .copied()
+            .fold(Some(at), min_known);
+        self.last = Some(at);
+        self.began_after = began_after;
+        self.by_xid = by_xid;
+        // never earlier than the last one: every bound above was the previous sample's
+        // instant or a bound the previous horizon was already at or before
+        self.safe = oldest.map(|t| t.minus_micros(MARGIN_MICROS));
+        self.safe
+    }
+}
+
+/// The relay's [`Horizon`], shared by its lanes: one of them samples now and then
+/// ([`SETTINGS`](super::sql::SETTINGS)), all of them read it.
+#[derive(Debug, Default)]
+pub(super) struct SharedHorizon {
+    inner: std::sync::Mutex<(Horizon, Option<tokio::time::Instant>)>,
+}
+
+impl SharedHorizon {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Horizon, Option<tokio::time::Instant>)> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the batch starting at `now` takes a sample: none was asked for within `every`.
+    pub(super) fn wants_sample(
+        &self,
+        now: tokio::time::Instant,
+        every: std::time::Duration,
+    ) -> bool {
+        let mut inner = self.lock();
+        let wants = inner
+            .1
+            .is_none_or(|t| now.saturating_duration_since(t) >= every);
+        if wants {
+            inner.1 = Some(now);
+        }
+        wants
+    }
+
+    /// [`Horizon::observe`].
+    pub(super) fn observe(&self, sample: Sample) -> Option<Stamp> {
+        self.lock().0.observe(sample)
+    }
+
+    /// [`Horizon::safe`].
+    pub(super) fn safe(&self) -> Option<Stamp> {
+        self.lock().0.safe()
+    }
+}
+
+/// The earlier of two lower bounds, `None` being "unknown" (the earliest of all).
+fn min_known(a: Option<Stamp>, b: Option<Stamp>) -> Option<Stamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: i64 = 1_000_000; // a second, in microseconds
+
+    fn sample(at: i64, running: &[(&str, Option<&str>)], prepared: &[&str]) -> Sample {
+        Sample {
+            at: Some(Stamp(at)),
+            running: running
+                .iter()
+                .map(|(k, x)| ((*k).to_owned(), x.map(str::to_owned)))
+                .collect(),
+            prepared: prepared.iter().map(|x| (*x).to_owned()).collect(),
+        }
+    }
+
+    fn safe(h: &Horizon) -> Option<i64> {
+        h.safe().map(|s| s.0)
+    }
+
+    #[test]
+    fn transactions_running_at_the_first_sample_hold_the_horizon_until_they_end() {
+        let mut h = Horizon::default();
+        h.observe(sample(10 * S, &[("1:3/1", None)], &[]));
+        assert_eq!(safe(&h), None, "it may have begun at any time");
+        h.observe(sample(11 * S, &[("1:3/1", None), ("2:4/9", None)], &[]));
+        assert_eq!(safe(&h), None);
+        h.observe(sample(12 * S, &[("2:4/9", None)], &[]));
+        assert_eq!(
+            safe(&h),
+            Some(10 * S - MARGIN_MICROS),
+            "4/9 began after the first sample"
+        );
+    }
+
+    #[test]
+    fn with_nothing_running_the_horizon_is_the_sample_itself() {
+        let mut h = Horizon::default();
+        h.observe(sample(10 * S, &[], &[]));
+        assert_eq!(safe(&h), Some(10 * S - MARGIN_MICROS));
+        h.observe(sample(11 * S, &[("5:1/1", None)], &[]));
+        assert_eq!(
+            safe(&h),
+            Some(10 * S - MARGIN_MICROS),
+            "1/1 began after 10 s"
+        );
+    }
+
+    #[test]
+    fn a_prepared_transaction_keeps_the_start_its_running_self_was_seen_with() {
+        let mut h = Horizon::default();
+        h.observe(sample(10 * S, &[], &[]));
+        h.observe(sample(11 * S, &[("7:2/5", Some("900"))], &[]));
+        // prepared: its virtual id is gone, its transaction id stays
+        h.observe(sample(20 * S, &[], &["900"]));
+        assert_eq!(safe(&h), Some(10 * S - MARGIN_MICROS));
+        h.observe(sample(30 * S, &[], &[]));
+        assert_eq!(
+            safe(&h),
+            Some(30 * S - MARGIN_MICROS),
+            "committed: the horizon moves on"
+        );
+    }
+
+    #[test]
+    fn a_prepared_transaction_never_seen_with_its_id_counts_from_the_oldest_that_went() {
+        let mut h = Horizon::default();
+        h.observe(sample(10 * S, &[], &[]));
+        h.observe(sample(11 * S, &[("7:2/5", None), ("8:3/1", None)], &[]));
+        // 2/5 got an id and prepared between two samples
+        h.observe(sample(12 * S, &[("8:3/1", None)], &["901"]));
+        assert_eq!(safe(&h), Some(10 * S - MARGIN_MICROS));
+        let mut fresh = Horizon::default();
+        fresh.observe(sample(10 * S, &[], &["55"]));
+        assert_eq!(
+            safe(&fresh),
+            None,
+            "prepared before the relay looked: unknown"
+        );
+    }
+
+    #[test]
+    fn a_sample_older_than_the_last_one_is_ignored() {
+        let mut h = Horizon::default();
+        h.observe(sample(10 * S, &[], &[]));
+        h.observe(sample(12 * S, &[("1:1/1", None)], &[]));
+        h.observe(sample(11 * S, &[], &[]));
+        assert_eq!(safe(&h), Some(10 * S - MARGIN_MICROS));
+    }
+
+    #[test]
+    fn a_failed_sample_changes_nothing() {
+        let mut h = Horizon::default();
+        h.observe(sample(10 * S, &[], &[]));
+        h.observe(Sample::default());
+        assert_eq!(safe(&h), Some(10 * S - MARGIN_MICROS));
+        h.observe(sample(20 * S, &[], &[]));
+        assert_eq!(safe(&h), Some(20 * S - MARGIN_MICROS));
+        // a transaction first seen now began after the failed read's predecessor at least
+        h.observe(sample(21 * S, &[("9:1/1", None)], &[]));
+        assert_eq!(safe(&h), Some(20 * S - MARGIN_MICROS));
+    }
+}
