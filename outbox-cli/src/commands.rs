@@ -698,7 +698,7 @@ async fn relay(args: RelayArgs) -> Result<ExitCode> {
         backoff_max: secs(args.backoff_max, "backoff-max")?,
         poll_interval: secs(args.poll_interval, "poll-interval")?,
         ack_timeout: secs(args.ack_timeout, "ack-timeout")?,
-        subjects: args.subject,
+        event_types: args.subject,
         ..RelayConfig::default()
     };
     if let Some(addr) = args.metrics_addr {

@@ -106,7 +106,7 @@ pub struct HeldEvent {
 /// let relay = Relay::connect(
 ///     "postgres://root@127.0.0.1/test",
 ///     "nats://127.0.0.1:4222",
-///     RelayConfig { subjects: vec!["billing.invoice.paid".into()], ..Default::default() },
+///     RelayConfig { event_types: vec!["billing.invoice.paid".into()], ..Default::default() },
 /// )
 /// .await?;
 /// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
@@ -231,7 +231,7 @@ impl Relay {
     /// configuration is valid, the pool allows a connection per lane and one for `LISTEN`
     /// ([`RelayConfig::lanes`] + 1), Postgres answers and has the outbox table, NATS answers with
     /// JetStream enabled, and a stream with a long enough duplicate window captures each of
-    /// [`RelayConfig::subjects`]. A table without the trace context columns (migration 0007)
+    /// [`RelayConfig::event_types`]. A table without the trace context columns (migration 0007)
     /// is no error: the relay publishes without them and warns once.
     ///
     /// ```no_run

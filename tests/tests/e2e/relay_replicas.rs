@@ -99,7 +99,7 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
     ];
     let schemas = open_schemas(&types);
     let config = RelayConfig {
-        subjects: types.to_vec(),
+        event_types: types.to_vec(),
         ..Default::default()
     };
 
@@ -241,7 +241,7 @@ async fn one_relays_lanes_hold_disjoint_partitions_and_keep_each_subjects_order(
     const BACKLOG: usize = 12_000;
     let (ctx, types, expected) = one_type_backlog(BACKLOG).await;
     let config = RelayConfig {
-        subjects: types,
+        event_types: types,
         lanes: LANES,
         ..Default::default()
     };
@@ -287,7 +287,7 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon() {
     // The rows were announced before the relay listened, and the poll is longer than the
     // test: only the retry after finding rows held can find them once they are free.
     let config = RelayConfig {
-        subjects: types,
+        event_types: types,
         poll_interval: Duration::from_secs(3600),
         lanes: 2,
         ..Default::default()
@@ -363,7 +363,7 @@ async fn relays_take_disjoint_slots_and_a_killed_relays_partitions_are_taken_ove
     let types = vec![ctx.event_type("billing.subscription.created")];
     let schemas = open_schemas(&types);
     let config = RelayConfig {
-        subjects: types.clone(),
+        event_types: types.clone(),
         lanes: LANES,
         ..Default::default()
     };
