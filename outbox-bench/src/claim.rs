@@ -94,7 +94,7 @@ async fn bench(quick: bool) {
             db.new_pool(4).await,
             jetstream::new(common::connect_nats().await),
             RelayConfig {
-                subjects: stream.event_types(),
+                event_types: stream.event_types(),
                 ..Default::default()
             },
         )

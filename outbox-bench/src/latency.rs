@@ -94,7 +94,7 @@ async fn bench(quick: bool) {
     // the relay
     let relay_client = common::connect_nats().await;
     let config = RelayConfig {
-        subjects: vec![event_type.clone()],
+        event_types: vec![event_type.clone()],
         lanes: common::lanes(),
         ..Default::default()
     };

@@ -58,7 +58,7 @@ fn batch_size() -> usize {
 /// The relays' configuration: defaults but for `--batch` and `--lanes`.
 fn relay_config(stream: &BenchStream) -> RelayConfig {
     RelayConfig {
-        subjects: stream.event_types(),
+        event_types: stream.event_types(),
         batch_size: batch_size(),
         lanes: common::lanes(),
         ..Default::default()

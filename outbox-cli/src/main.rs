@@ -1,50 +1,23 @@
 //! `outbox`: run, watch and repair a service's transactional outbox.
 //!
 //! Every command reads `DATABASE_URL` / `NATS_URL` (and the NATS credential variables) from the
-//! environment or flags; `outbox <command> --help` says what each does.
+//! environment or flags; `outbox <command> --help` says what each does. The flags are in
+//! `args/`, each command's work in `commands/`, what they print in `render.rs`.
 
+mod args;
 mod commands;
 mod connect;
-mod verify;
+mod error;
+mod render;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
 
-/// What went wrong, for a human (secrets already redacted).
-#[derive(Debug)]
-pub struct CliError(String);
-
-impl CliError {
-    /// An error from a message.
-    pub fn msg(m: impl Into<String>) -> Self {
-        CliError(m.into())
-    }
-}
-
-impl std::fmt::Display for CliError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<outbox_runtime::Error> for CliError {
-    fn from(e: outbox_runtime::Error) -> Self {
-        CliError(e.to_string())
-    }
-}
-
-/// `Result` with the CLI's error.
-pub type Result<T> = std::result::Result<T, CliError>;
-
-/// Run, watch and repair a transactional outbox (Postgres `outbox_events` -> NATS JetStream).
-#[derive(Debug, Parser)]
-#[command(name = "outbox", version, about, long_about = None, propagate_version = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: commands::Command,
-}
+use args::{Cli, Command, StreamCommand};
+use commands::{check, gen, lock, migrate, prune, relay, status, stream, tail, unblock, verify};
+use error::Result;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -68,11 +41,28 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(commands::run(cli.command)) {
+    match runtime.block_on(run(cli.command)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Runs one command; its exit status, or the error that makes it exit 2.
+async fn run(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Migrate { db } => migrate::run(db).await,
+        Command::Relay(args) => relay::run(args).await,
+        Command::Status(args) => status::run(args).await,
+        Command::Check(args) => Ok(check::run(&args)),
+        Command::Lock(args) => Ok(lock::run(&args)),
+        Command::Gen(args) => gen::run(args),
+        Command::Tail(args) => tail::run(args).await,
+        Command::Unblock(args) => unblock::run(args).await,
+        Command::Prune(args) => prune::run(args).await,
+        Command::Stream(StreamCommand::Ensure(args)) => stream::ensure(args).await,
+        Command::Verify(args) => verify::run(args).await,
     }
 }

@@ -1,10 +1,14 @@
-//! Connecting to Postgres, and saying why a connection failed: the server cannot be reached,
-//! TLS failed (and which part of it), or the server refused the login; each with its fix.
+//! Connecting to Postgres and NATS, and saying why a connection failed: the server cannot be
+//! reached, TLS failed (and which part of it), or the server refused the login; each with its
+//! fix.
 //!
-//! The library ([`Relay::connect`](crate::Relay::connect)) and the `outbox` command connect
-//! through [`postgres`], so a failure reads the same in both; [`nats_error`] does the same for
-//! NATS.
+//! The library ([`Relay::connect`](crate::Relay::connect),
+//! [`Relay::connect_with`](crate::Relay::connect_with)) and the `outbox` command connect
+//! through [`postgres`] and [`nats`] (with a [`NatsAuth`] for NATS logins and TLS), so a failure
+//! reads the same in both.
 
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -126,6 +130,181 @@ fn mentions_tls(text: &str) -> bool {
         .any(|word| text.contains(word))
 }
 
+/// How to log in to NATS, and the TLS to use: what [`nats`] and
+/// [`Relay::connect_with`](crate::Relay::connect_with) add to a connection. It has every login
+/// the `outbox` command has (a user and password, a token, an nkey seed, a `.creds` file as an
+/// operator issues it) and TLS with a CA of your own and a client certificate; any of them
+/// may be combined, as the server's configuration asks. The default adds nothing: the URL's
+/// own user and password or token, and TLS only for a `tls://` URL or a server that wants it.
+///
+/// `Debug` shows what is set, never a password, token or seed.
+///
+/// ```no_run
+/// # async fn run() -> outbox_runtime::Result<()> {
+/// use outbox_runtime::connect::{self, NatsAuth};
+/// use outbox_runtime::{Relay, RelayConfig};
+///
+/// // a user of an operator-mode account, over TLS under the company's CA
+/// let auth = NatsAuth::new()
+///     .creds_file("/etc/billing/nats.creds")
+///     .tls_ca("/etc/billing/nats-ca.pem");
+/// let relay = Relay::connect_with(
+///     "postgres://billing@db.internal/billing?sslmode=verify-full&sslrootcert=/etc/billing/db-ca.pem",
+///     "tls://nats-1.internal:4222,tls://nats-2.internal:4222",
+///     &auth,
+///     RelayConfig::default(),
+/// )
+/// .await?;
+///
+/// // or a client of its own, e.g. for a consumer: user and password, a client certificate
+/// let auth = NatsAuth::new()
+///     .user_and_password("billing", std::env::var("NATS_PASSWORD").unwrap_or_default())
+///     .tls_ca("/etc/billing/nats-ca.pem")
+///     .tls_client_cert("/etc/billing/nats-client.pem", "/etc/billing/nats-client-key.pem");
+/// let client = connect::nats("nats://nats.internal:4222", &auth, async_nats::ConnectOptions::new()).await?;
+/// let js = async_nats::jetstream::new(client);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct NatsAuth {
+    user_password: Option<(String, String)>,
+    token: Option<String>,
+    nkey_seed: Option<String>,
+    creds_file: Option<PathBuf>,
+    tls_required: bool,
+    tls_ca: Option<PathBuf>,
+    tls_client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl NatsAuth {
+    /// No login and no TLS settings beyond the URL's.
+    pub fn new() -> NatsAuth {
+        NatsAuth::default()
+    }
+
+    /// Log in with a user name and password.
+    pub fn user_and_password(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.user_password = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Log in with an authentication token.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Log in with an nkey: the user's seed (`SU...`).
+    pub fn nkey(mut self, seed: impl Into<String>) -> Self {
+        self.nkey_seed = Some(seed.into());
+        self
+    }
+
+    /// Log in with a `.creds` file (a user JWT and its nkey seed, as an operator issues it),
+    /// read when connecting.
+    pub fn creds_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.creds_file = Some(path.into());
+        self
+    }
+
+    /// Use TLS even when the URL is `nats://`.
+    pub fn require_tls(mut self, required: bool) -> Self {
+        self.tls_required = required;
+        self
+    }
+
+    /// Verify the server against this CA certificate (PEM) too, beside the system's roots.
+    pub fn tls_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca = Some(path.into());
+        self
+    }
+
+    /// Present this client certificate and key (PEM) to a server that asks for one.
+    pub fn tls_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_client_cert = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// `options` with this login and TLS added; a `.creds` file that cannot be read is an
+    /// [`Error::Config`] naming it.
+    async fn apply(
+        &self,
+        mut options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions> {
+        if let Some(path) = &self.creds_file {
+            options = options
+                .credentials_file(path)
+                .await
+                .map_err(|e| creds_error(path, e))?;
+        }
+        if let Some(seed) = &self.nkey_seed {
+            options = options.nkey(seed.clone());
+        }
+        if let Some((user, password)) = &self.user_password {
+            options = options.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(token) = &self.token {
+            options = options.token(token.clone());
+        }
+        if self.tls_required {
+            options = options.require_tls(true);
+        }
+        if let Some(ca) = &self.tls_ca {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &self.tls_client_cert {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        Ok(options)
+    }
+}
+
+impl fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secret = |set: bool| if set { Some("***") } else { None };
+        f.debug_struct("NatsAuth")
+            .field("user", &self.user_password.as_ref().map(|(user, _)| user))
+            .field("password", &secret(self.user_password.is_some()))
+            .field("token", &secret(self.token.is_some()))
+            .field("nkey", &secret(self.nkey_seed.is_some()))
+            .field("creds_file", &self.creds_file)
+            .field("tls_required", &self.tls_required)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_client_cert", &self.tls_client_cert)
+            .finish()
+    }
+}
+
+/// A `.creds` file that cannot be read or is not one.
+fn creds_error(path: &Path, error: std::io::Error) -> Error {
+    Error::Config(format!(
+        "cannot read NATS credentials file {}: {error}; give a .creds file as the account's \
+         operator issues it (a user JWT and its nkey seed)",
+        path.display()
+    ))
+}
+
+/// Connects to the NATS server(s) at `nats_url` (a comma-separated list for a cluster's
+/// servers) with `options` (name, timeouts, ...) and `auth`'s login and TLS added; a failure
+/// says why, without the URL's secrets, as [`nats_error`] classifies it, or is an
+/// [`Error::Config`] for a `.creds` file that cannot be read. See [`NatsAuth`] for an example.
+pub async fn nats(
+    nats_url: &str,
+    auth: &NatsAuth,
+    options: async_nats::ConnectOptions,
+) -> Result<async_nats::Client> {
+    let options = auth.apply(options).await?;
+    let urls: Vec<&str> = nats_url.split(',').map(str::trim).collect();
+    options
+        .connect(urls.as_slice())
+        .await
+        .map_err(|e| nats_error(nats_url, e))
+}
+
 /// What a failed connection to NATS at `nats_url` means: [`Error::Authentication`] (the server
 /// refused the credentials), [`Error::Tls`] (the handshake or the certificate check failed), or
 /// [`Error::Unreachable`].
@@ -141,8 +320,10 @@ pub fn nats_error(nats_url: &str, error: async_nats::ConnectError) -> Error {
         Kind::Authentication | Kind::AuthorizationViolation => Error::Authentication {
             service: "nats",
             target,
-            fix: "check the credentials: the URL's user and password or token, the nkey seed or \
-                  the .creds file, and the server's accounts"
+            fix: "the server refused the credentials given (the URL's user and password or \
+                  token, or the `NatsAuth`'s: the `outbox` command's --nats-user and \
+                  --nats-password, --nats-token, --nats-nkey, --nats-creds or their NATS_* \
+                  variables); check them and the server's accounts"
                 .to_owned(),
             source: reason.into(),
         },
@@ -190,7 +371,45 @@ fn tls_fix(reason: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::tls_fix;
+    use super::{nats, tls_fix, NatsAuth};
+    use crate::Error;
+
+    #[test]
+    fn nats_auth_debug_shows_what_is_set_and_no_secret() {
+        let auth = NatsAuth::new()
+            .user_and_password("billing", "pw-s3cret")
+            .token("tok-s3cret")
+            .nkey("SU-s3cret")
+            .tls_ca("/etc/ca.pem");
+        let shown = format!("{auth:?}");
+        for secret in ["pw-s3cret", "tok-s3cret", "SU-s3cret"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(
+            shown.contains("\"billing\"") && shown.contains("/etc/ca.pem"),
+            "{shown}"
+        );
+        assert!(format!("{:?}", NatsAuth::new()).contains("token: None"));
+    }
+
+    #[tokio::test]
+    async fn a_creds_file_that_cannot_be_read_is_named_before_connecting() {
+        let auth = NatsAuth::new().creds_file("/nonexistent/outbox.creds");
+        // nothing listens on port 1: the file is read before any connection is tried
+        let err = nats(
+            "nats://127.0.0.1:1",
+            &auth,
+            async_nats::ConnectOptions::new(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("cannot read NATS credentials file /nonexistent/outbox.creds"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn each_tls_failure_gets_its_own_fix() {

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-pub(crate) use outbox_schema::naming::check_subject as check_event_type;
+pub(crate) use outbox_schema::naming::check_publishable as check_event_type;
 
 /// `value` cut to a length that fits a log line, a metric label or an error message.
 pub(crate) fn shorten(value: &str) -> Cow<'_, str> {

@@ -21,14 +21,14 @@ pub const MAX_EVENT_TYPE_LEN: usize = 255;
 /// The error says what is wrong in words that fit after "invalid event type `x`: ".
 ///
 /// ```
-/// use outbox_schema::naming::check_subject;
+/// use outbox_schema::naming::check_publishable;
 ///
-/// assert!(check_subject("billing.subscription.created").is_ok());
-/// assert!(check_subject("tenant7.billing.subscription.created").is_ok());
-/// assert!(check_subject("acme.order.*").is_err());
-/// assert!(check_subject("acme..order").is_err());
+/// assert!(check_publishable("billing.subscription.created").is_ok());
+/// assert!(check_publishable("tenant7.billing.subscription.created").is_ok());
+/// assert!(check_publishable("acme.order.*").is_err());
+/// assert!(check_publishable("acme..order").is_err());
 /// ```
-pub fn check_subject(event_type: &str) -> Result<(), String> {
+pub fn check_publishable(event_type: &str) -> Result<(), String> {
     if event_type.len() > MAX_EVENT_TYPE_LEN {
         return Err(format!(
             "it has {} bytes; an event type has at most {MAX_EVENT_TYPE_LEN}",
@@ -60,6 +60,21 @@ pub fn check_subject(event_type: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The old name of [`check_publishable`], which goes in the next release: a subject is an
+/// event's entity key (`x-outbox-subject`), and this checks an event type.
+///
+/// ```
+/// #![allow(deprecated)]
+/// assert!(outbox_schema::naming::check_subject("acme.order.*").is_err());
+/// ```
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `check_publishable` (a subject is an event's entity key); this name goes in the next release"
+)]
+pub fn check_subject(event_type: &str) -> Result<(), String> {
+    check_publishable(event_type)
+}
+
 /// Checks an event type: `<domain>.<entity>.<action>` with an optional `.v<N>` (N >= 2) suffix;
 /// tokens are lowercase ASCII `[a-z][a-z0-9_]*`; at most [`MAX_EVENT_TYPE_LEN`] bytes.
 ///
@@ -75,7 +90,7 @@ pub fn check_subject(event_type: &str) -> Result<(), String> {
 /// assert!(check_event_type(&format!("a.b.{}", "c".repeat(300))).is_err());
 /// ```
 pub fn check_event_type(event_type: &str) -> Result<(), String> {
-    check_subject(event_type)?;
+    check_publishable(event_type)?;
     let tokens: Vec<&str> = event_type.split('.').collect();
     let versioned = tokens.len() == 4 && is_version(tokens[3]);
     let names = if versioned { &tokens[..3] } else { &tokens[..] };

@@ -3,13 +3,17 @@
 //! and the relay starts, a wrong CA or a wrong host name fails naming certificate verification
 //! and the fix, a wrong password names the login, and a server without TLS names that; a
 //! private nats-server with TLS under a CA the client does not trust makes `Relay::connect`
-//! fail with `Error::Tls` for NATS. Every server here is the test's own, stopped by its pid
+//! fail with `Error::Tls` for NATS, and with the CA and a token in a `NatsAuth`
+//! `Relay::connect_with` gets in. Every server here is the test's own, stopped by its pid
 //! when the test ends.
 
 use std::time::Duration;
 
-use outbox_runtime::{connect, Error, Relay, RelayConfig};
-use outbox_testkit::{database_url, nats_url, NatsServer, PgServer, PgServerConfig, TestCa};
+use outbox_runtime::connect::{self, NatsAuth};
+use outbox_runtime::{Error, Relay, RelayConfig};
+use outbox_testkit::{
+    database_url, nats_url, NatsServer, PgServer, PgServerConfig, TestCa, TestDb,
+};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
@@ -251,6 +255,66 @@ async fn the_relay_names_a_nats_tls_failure_and_its_fix() {
     );
     assert!(
         message.starts_with("TLS to nats at") && message.contains("CA"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn the_relay_connects_with_a_nats_auth_and_a_refused_login_names_nats() {
+    // a private nats-server with TLS under the test's CA that wants a token
+    const TOKEN: &str = "relay-token-3c1e";
+    let ca = TestCa::new();
+    let issued = ca.issue(&["127.0.0.1"]);
+    let (cert, key) = (
+        issued.cert.display().to_string(),
+        issued.key.display().to_string(),
+    );
+    let server = NatsServer::spawn_with(&[
+        "--tls",
+        "--tlscert",
+        &cert,
+        "--tlskey",
+        &key,
+        "--auth",
+        TOKEN,
+    ])
+    .await;
+    let url = format!("tls://127.0.0.1:{}", server.port());
+    let trusted = NatsAuth::new().tls_ca(ca.cert());
+    let db = TestDb::new().await;
+
+    let relay = Relay::connect_with(
+        &db.url(),
+        &url,
+        &trusted.clone().token(TOKEN),
+        RelayConfig::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the relay connects with the CA and the token: {e}"));
+    drop(relay);
+
+    let err = Relay::connect_with(
+        &db.url(),
+        &url,
+        &trusted.token("not-the-token"),
+        RelayConfig::default(),
+    )
+    .await
+    .unwrap_err();
+    let message = err.to_string();
+    assert!(
+        matches!(
+            &err,
+            Error::Authentication {
+                service: "nats",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        message.contains("the server refused the credentials")
+            && !message.contains("not-the-token"),
         "{message}"
     );
 }

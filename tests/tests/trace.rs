@@ -428,7 +428,7 @@ async fn a_relay_on_a_table_without_the_trace_columns_publishes_and_says_so_once
     .expect("insert");
 
     let config = RelayConfig {
-        subjects: vec![event_type.clone()],
+        event_types: vec![event_type.clone()],
         ..RelayConfig::default()
     };
     let relay = Relay::new(s.db.new_pool(4).await, s.js.clone(), config.clone())

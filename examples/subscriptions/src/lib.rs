@@ -85,7 +85,7 @@ impl Config {
                 .parse()
                 .map_err(|e| Error::Config(format!("BIND `{bind}` is not an address: {e}")))?,
             relay: RelayConfig {
-                subjects: events::EVENT_SCHEMAS
+                event_types: events::EVENT_SCHEMAS
                     .iter()
                     .map(|(t, _)| (*t).to_owned())
                     .collect(),

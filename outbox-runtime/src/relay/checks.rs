@@ -112,16 +112,17 @@ pub(super) async fn jetstream(jetstream: &jetstream::Context, config: &RelayConf
     }
 }
 
-/// A stream captures each of [`RelayConfig::subjects`], keeps what it acknowledges (no
+/// A stream captures each of [`RelayConfig::event_types`], keeps what it acknowledges (no
 /// [`unsafe_settings`](crate::unsafe_settings)), and has a duplicate window that covers
 /// [`RelayConfig::retry_horizon`] (the stream check that follows at start warns about a
 /// single replica, once per stream).
 pub(super) async fn streams(jetstream: &jetstream::Context, config: &RelayConfig) -> Result<()> {
-    if config.subjects.is_empty() {
+    let event_types = config.checked_event_types();
+    if event_types.is_empty() {
         return Ok(());
     }
     let horizon = config.retry_horizon();
-    for (name, info) in crate::stream::check_captures(jetstream, &config.subjects).await? {
+    for (name, info) in crate::stream::check_captures(jetstream, &event_types).await? {
         crate::stream::check_safe(&name, &info.config)?;
         if info.config.duplicate_window < horizon {
             return Err(Error::Stream {

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// let config = RelayConfig {
 ///     batch_size: 500,
 ///     backoff_max: Duration::from_secs(60),
-///     subjects: vec!["billing.invoice.paid".into()],
+///     event_types: vec!["billing.invoice.paid".into()],
 ///     ..Default::default()
 /// };
 /// assert_eq!(config.backoff(1), Duration::from_secs(1));
@@ -45,15 +45,25 @@ pub struct RelayConfig {
     /// partitions; the pool must allow `lanes + 2` connections. Between 1 and 64, at most
     /// `partitions`. Default 2 (docs/relay.md, *Lanes*).
     pub lanes: usize,
-    /// NATS subjects (event types) this relay is expected to publish. At start it checks that a
-    /// stream captures each one and that the stream's duplicate window covers
+    /// Event types this relay is expected to publish. At start it checks that a stream captures
+    /// each one and that the stream's duplicate window covers
     /// [`retry_horizon`](Self::retry_horizon). Empty (the default) skips the check.
+    pub event_types: Vec<String>,
+    /// The old name of [`event_types`](Self::event_types), which the relay still reads (the two
+    /// lists are checked together); it goes in the next release. "Subject" is the entity key
+    /// of an event everywhere else.
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `event_types` (a subject is an event's entity key); the relay checks both lists until this field goes in the next release"
+    )]
     pub subjects: Vec<String>,
 }
 
 /// The longest pause of a lane after failed batches (Postgres or the broker down).
 pub(crate) const LOOP_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+// the deprecated `subjects` is set here like every field
+#[allow(deprecated)]
 impl Default for RelayConfig {
     fn default() -> Self {
         Self {
@@ -65,6 +75,7 @@ impl Default for RelayConfig {
             poll_interval: Duration::from_secs(5),
             partitions: 1024,
             lanes: 2,
+            event_types: Vec::new(),
             subjects: Vec::new(),
         }
     }
@@ -104,6 +115,51 @@ impl RelayConfig {
             return fail("relay lanes must be between 1 and 64, and at most partitions");
         }
         Ok(())
+    }
+
+    /// The event types the start-up check looks at: [`event_types`](Self::event_types), then
+    /// those still given under the deprecated name `subjects`, once each.
+    ///
+    /// Code that sets the old field compiles, with a deprecation warning (the unit test below
+    /// checks that its types are checked):
+    ///
+    /// ```
+    /// #![allow(deprecated)]
+    /// let config = outbox_runtime::RelayConfig {
+    ///     subjects: vec!["billing.invoice.paid".into()],
+    ///     ..Default::default()
+    /// };
+    /// ```
+    ///
+    /// and the warning is there: denied, it is an error.
+    ///
+    /// ```compile_fail
+    /// #![deny(deprecated)]
+    /// let config = outbox_runtime::RelayConfig {
+    ///     subjects: vec!["billing.invoice.paid".into()],
+    ///     ..Default::default()
+    /// };
+    /// ```
+    ///
+    /// The new field alone warns about nothing.
+    ///
+    /// ```
+    /// #![deny(deprecated)]
+    /// let config = outbox_runtime::RelayConfig {
+    ///     event_types: vec!["billing.invoice.paid".into()],
+    ///     ..Default::default()
+    /// };
+    /// ```
+    pub(crate) fn checked_event_types(&self) -> Vec<String> {
+        #[allow(deprecated)]
+        let old_name = &self.subjects;
+        let mut types = self.event_types.clone();
+        for t in old_name {
+            if !types.contains(t) {
+                types.push(t.clone());
+            }
+        }
+        types
     }
 
     /// The wait after `failures` consecutive failures: `backoff_base * 2^(failures - 1)`, capped
@@ -162,5 +218,42 @@ impl RelayConfig {
     /// the end of an outage however long it was.
     pub(crate) fn loop_backoff(&self, failures: u32) -> Duration {
         self.backoff(failures).min(LOOP_BACKOFF_MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RelayConfig;
+
+    /// Code written against the old field name still compiles (with a deprecation warning,
+    /// allowed here) and its event types are checked with the new field's.
+    #[test]
+    #[allow(deprecated)]
+    fn the_deprecated_subjects_are_checked_with_the_event_types() {
+        let old = RelayConfig {
+            subjects: vec!["billing.invoice.paid".into(), "billing.invoice.sent".into()],
+            ..Default::default()
+        };
+        assert!(old.validate().is_ok());
+        assert_eq!(
+            old.checked_event_types(),
+            ["billing.invoice.paid", "billing.invoice.sent"]
+        );
+        let both = RelayConfig {
+            event_types: vec![
+                "billing.invoice.sent".into(),
+                "billing.invoice.voided".into(),
+            ],
+            ..old
+        };
+        assert_eq!(
+            both.checked_event_types(),
+            [
+                "billing.invoice.sent",
+                "billing.invoice.voided",
+                "billing.invoice.paid"
+            ]
+        );
+        assert!(RelayConfig::default().checked_event_types().is_empty());
     }
 }

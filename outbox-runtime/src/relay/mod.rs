@@ -106,7 +106,7 @@ pub struct HeldEvent {
 /// let relay = Relay::connect(
 ///     "postgres://root@127.0.0.1/test",
 ///     "nats://127.0.0.1:4222",
-///     RelayConfig { subjects: vec!["billing.invoice.paid".into()], ..Default::default() },
+///     RelayConfig { event_types: vec!["billing.invoice.paid".into()], ..Default::default() },
 /// )
 /// .await?;
 /// relay.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
@@ -155,14 +155,15 @@ pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
 }
 
 impl Relay {
-    /// Connects to Postgres and NATS, then runs the start-up checks of [`Relay::new`].
+    /// Connects to Postgres and NATS, then runs the start-up checks of [`Relay::new`]: as
+    /// [`connect_with`](Self::connect_with) with no NATS login beyond the URL's.
     ///
     /// An address where nothing answers fails with
     /// [`Error::Unreachable`](crate::Error::Unreachable), a failed TLS handshake or certificate
     /// check with [`Error::Tls`](crate::Error::Tls), a refused login with
     /// [`Error::Authentication`](crate::Error::Authentication) (see
     /// [`connect::postgres`](crate::connect::postgres) and
-    /// [`connect::nats_error`](crate::connect::nats_error)). TLS to Postgres comes from the URL's
+    /// [`connect::nats`](crate::connect::nats)). TLS to Postgres comes from the URL's
     /// `sslmode` and `sslrootcert`.
     ///
     /// ```no_run
@@ -176,19 +177,54 @@ impl Relay {
     /// # Ok(()) }
     /// ```
     pub async fn connect(database_url: &str, nats_url: &str, config: RelayConfig) -> Result<Relay> {
+        Relay::connect_with(
+            database_url,
+            nats_url,
+            &crate::connect::NatsAuth::default(),
+            config,
+        )
+        .await
+    }
+
+    /// Connects to Postgres (a pool of [`RelayConfig::pool_size`]) and to NATS with `auth`'s
+    /// login and TLS ([`NatsAuth`](crate::connect::NatsAuth): user and password, token, nkey,
+    /// `.creds` file, CA, client certificate), then runs the start-up checks of
+    /// [`Relay::new`]. `nats_url` may list a cluster's servers, comma separated. Failures are
+    /// those of [`connect`](Self::connect); the `outbox relay` command starts its relay here.
+    ///
+    /// ```no_run
+    /// # async fn run() -> outbox_runtime::Result<()> {
+    /// use outbox_runtime::connect::NatsAuth;
+    /// use outbox_runtime::{Relay, RelayConfig};
+    ///
+    /// let relay = Relay::connect_with(
+    ///     "postgres://billing@db.internal/billing?sslmode=verify-full&sslrootcert=/etc/billing/db-ca.pem",
+    ///     "tls://nats.internal:4222",
+    ///     &NatsAuth::new().nkey(std::env::var("NATS_NKEY").unwrap_or_default()),
+    ///     RelayConfig::default(),
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with(
+        database_url: &str,
+        nats_url: &str,
+        auth: &crate::connect::NatsAuth,
+        config: RelayConfig,
+    ) -> Result<Relay> {
         config.validate()?;
+        let timeout = config.ack_timeout.max(Duration::from_secs(5));
         let pool = crate::connect::postgres(
             database_url,
             PgPoolOptions::new()
                 .max_connections(config.pool_size())
-                .acquire_timeout(config.ack_timeout.max(Duration::from_secs(5))),
+                .acquire_timeout(timeout),
         )
         .await?;
-        let client = async_nats::ConnectOptions::new()
-            .connection_timeout(config.ack_timeout.max(Duration::from_secs(5)))
-            .connect(nats_url)
-            .await
-            .map_err(|e| crate::connect::nats_error(nats_url, e))?;
+        let options = async_nats::ConnectOptions::new()
+            .name("outbox relay")
+            .connection_timeout(timeout);
+        let client = crate::connect::nats(nats_url, auth, options).await?;
         Relay::new(pool, jetstream::new(client), config).await
     }
 
@@ -196,7 +232,7 @@ impl Relay {
     /// configuration is valid, the pool allows a connection per lane and one for `LISTEN`
     /// ([`RelayConfig::lanes`] + 1), Postgres answers and has the outbox table, NATS answers with
     /// JetStream enabled, and a stream with a long enough duplicate window captures each of
-    /// [`RelayConfig::subjects`]. A table without the trace context columns (migration 0007)
+    /// [`RelayConfig::event_types`]. A table without the trace context columns (migration 0007)
     /// is no error: the relay publishes without them and warns once.
     ///
     /// ```no_run

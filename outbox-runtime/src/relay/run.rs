@@ -281,7 +281,7 @@ impl Relay {
         let horizon = self.config.retry_horizon();
         let mut first = true;
         loop {
-            let mut types: Vec<String> = self.config.subjects.clone();
+            let mut types: Vec<String> = self.config.checked_event_types();
             if first {
                 let backlog = sqlx::query_scalar::<_, String>(sql::BACKLOG_TYPES)
                     .bind(1_000i64)

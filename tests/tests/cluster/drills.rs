@@ -67,7 +67,7 @@ impl Drill {
         let mut relays = Vec::new();
         for _ in 0..2 {
             let config = RelayConfig {
-                subjects: vec![event_type.clone()],
+                event_types: vec![event_type.clone()],
                 ..RelayConfig::default()
             };
             let pool = db.new_pool(config.pool_size()).await;

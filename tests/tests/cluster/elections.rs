@@ -29,7 +29,7 @@ async fn a_leader_elected_again_between_two_readings_is_an_election() {
     cluster.create_stream(&js, spec.to_config()).await;
     let db = TestDb::new().await;
     let config = RelayConfig {
-        subjects: vec![format!("{prefix}.billing.invoice.paid")],
+        event_types: vec![format!("{prefix}.billing.invoice.paid")],
         ..RelayConfig::default()
     };
     let pool = db.new_pool(config.pool_size()).await;

@@ -48,7 +48,7 @@ async fn streams_that_can_lose_acknowledged_messages_are_refused_naming_the_sett
         );
 
         let config = RelayConfig {
-            subjects: vec![ctx.event_type("billing.invoice.paid")],
+            event_types: vec![ctx.event_type("billing.invoice.paid")],
             ..RelayConfig::default()
         };
         let pool = ctx.db.new_pool(config.pool_size()).await;

@@ -15,7 +15,7 @@ use uuid::Uuid;
 /// A relay for `event_type` on the test's table and NATS connection, with default settings.
 async fn relay_for(ctx: &Ctx, event_type: &str) -> Relay {
     let config = RelayConfig {
-        subjects: vec![event_type.to_owned()],
+        event_types: vec![event_type.to_owned()],
         ..Default::default()
     };
     Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
@@ -345,7 +345,7 @@ async fn the_relay_refuses_a_stream_that_does_not_fit() {
     let ctx = Ctx::new().await;
     let paid = ctx.event_type("billing.invoice.paid");
     let config = RelayConfig {
-        subjects: vec![paid.clone()],
+        event_types: vec![paid.clone()],
         ..Default::default()
     };
 

@@ -99,7 +99,7 @@ async fn four_relays_publish_every_event_once_in_order_per_subject() {
     ];
     let schemas = open_schemas(&types);
     let config = RelayConfig {
-        subjects: types.to_vec(),
+        event_types: types.to_vec(),
         ..Default::default()
     };
 
@@ -177,7 +177,7 @@ async fn batches_of_four_relays_at_once_without_the_lease_keep_each_subjects_ord
     let types = vec![ctx.event_type("billing.subscription.created")];
     let schemas = open_schemas(&types);
     let config = RelayConfig {
-        subjects: types.clone(),
+        event_types: types.clone(),
         batch_size: 100,
         ..Default::default()
     };
@@ -307,7 +307,7 @@ async fn one_relays_lanes_run_batches_at_once_and_keep_each_subjects_order() {
     const BACKLOG: usize = 12_000;
     let (ctx, types, expected) = one_type_backlog(BACKLOG).await;
     let config = RelayConfig {
-        subjects: types,
+        event_types: types,
         lanes: LANES,
         ..Default::default()
     };
@@ -347,7 +347,7 @@ async fn a_relay_that_finds_every_row_held_claims_again_soon() {
     // The rows were announced before the relay listened, and the poll is longer than the
     // test: only the retry after finding rows held can find them once they are free.
     let config = RelayConfig {
-        subjects: types,
+        event_types: types,
         poll_interval: Duration::from_secs(3600),
         lanes: 2,
         ..Default::default()
@@ -393,7 +393,7 @@ async fn a_killed_lease_holders_place_is_taken_within_seconds_and_order_holds() 
     let types = vec![ctx.event_type("billing.subscription.created")];
     let schemas = open_schemas(&types);
     let config = RelayConfig {
-        subjects: types.clone(),
+        event_types: types.clone(),
         ..Default::default()
     };
     let mut expected = HashMap::new();

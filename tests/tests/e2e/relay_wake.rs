@@ -59,7 +59,7 @@ fn setup(ctx: &Ctx) -> (String, Schemas, RelayConfig) {
     let ty = ctx.event_type("billing.invoice.paid");
     let schemas = open_schemas(std::slice::from_ref(&ty));
     let config = RelayConfig {
-        subjects: vec![ty.clone()],
+        event_types: vec![ty.clone()],
         poll_interval: HOUR,
         ..Default::default()
     };

@@ -27,7 +27,7 @@ async fn a_relay_killed_between_publish_and_mark_loses_nothing() {
     tx.commit().await.unwrap();
 
     let config = RelayConfig {
-        subjects: types.to_vec(),
+        event_types: types.to_vec(),
         ..Default::default()
     };
     let first = Relay::new(ctx.pool().clone(), ctx.js.clone(), config.clone())

@@ -33,7 +33,7 @@ async fn four_relays_ride_out_a_minute_long_broker_outage_without_spending_attem
     let mut relays = Vec::new();
     for _ in 0..RELAYS {
         let config = RelayConfig {
-            subjects: vec![paid.clone()],
+            event_types: vec![paid.clone()],
             ..Default::default()
         };
         let pool = ctx.db.new_pool(config.pool_size()).await;

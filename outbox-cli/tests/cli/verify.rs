@@ -12,57 +12,25 @@ use outbox_testkit::suite::Ctx;
 use outbox_testkit::{eventually, run_relay};
 use serde_json::Value;
 
-const DB_PASSWORD: &str = "pg-s3cret-77d1";
-const NATS_PASSWORD: &str = "nats-s3cret-0c9e";
+use crate::support::{db_url, finish, nats_url, outbox};
 
-/// `url` with `user:password@` in front of its host.
-fn with_password(url: &str, user: &str, password: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL");
-    format!("{scheme}://{user}:{password}@{rest}")
-}
-
-/// Runs `outbox verify <args>` on the test's database and the shared NATS server, with a clean
-/// environment; its exit code and output.
+/// Runs `outbox verify <args>` on the test's database and the shared NATS server (URLs with
+/// passwords, which nothing may print), with the test's stream unless `args` name one; its
+/// exit code and output.
 async fn verify(ctx: &Ctx, args: &[&str]) -> (Option<i32>, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox"));
-    for var in [
-        "DATABASE_URL",
-        "NATS_URL",
-        "NATS_USER",
-        "NATS_PASSWORD",
-        "OUTBOX_LOG",
-    ] {
-        cmd.env_remove(var);
-    }
+    let mut cmd = outbox();
     cmd.arg("verify")
         .arg("--database-url")
-        .arg(with_password(&ctx.db.url(), "root", DB_PASSWORD))
+        .arg(db_url(&ctx.db))
         .arg("--nats-url")
-        .arg(with_password(
-            &outbox_testkit::nats_url(),
-            "outbox",
-            NATS_PASSWORD,
-        ))
-        .args(args)
-        .stdin(Stdio::null());
+        .arg(nats_url())
+        .args(args);
     if !args.contains(&"--stream") {
         cmd.arg("--stream").arg(ctx.stream_name());
     }
-    let out = tokio::task::spawn_blocking(move || cmd.output().expect("run outbox verify"))
-        .await
-        .expect("the command thread");
-    let stdout = String::from_utf8(out.stdout).expect("utf-8");
-    let stderr = String::from_utf8(out.stderr).expect("utf-8");
-    for text in [&stdout, &stderr] {
-        for secret in [DB_PASSWORD, NATS_PASSWORD] {
-            assert!(!text.contains(secret), "a password was printed:\n{text}");
-        }
-        assert!(
-            !text.contains('\u{1b}'),
-            "colour or progress codes off a terminal"
-        );
-    }
-    (out.status.code(), stdout, stderr)
+    let out = finish(cmd).await;
+    out.assert_clean();
+    (out.code, out.stdout, out.stderr)
 }
 
 /// 100 rows over 5 subjects, published by a relay; the `--from` that covers them.
