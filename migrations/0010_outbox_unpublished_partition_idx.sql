@@ -5,9 +5,8 @@
 -- reading the table. `outbox_events_unpublished_idx` (0001) stays, as the contract's; this one
 -- holds the same rows (unpublished ones only, so a mark writes neither).
 --
--- Built in the migration's transaction, which holds writes to the table while it reads it:
--- instant on a small table, but on a large one (minutes at tens of millions of rows) build it
--- beforehand, without holding writes, and this finds it:
+-- Built like 0009: `outbox_runtime::migrate` runs this statement only on an empty table, and on
+-- one with rows names the statement to run beforehand without holding writes:
 --
 --   create index concurrently if not exists outbox_events_unpublished_partition_idx
 --     on outbox_events (created_at, id, ((hashtext(subject) & 2147483647) % 1024))

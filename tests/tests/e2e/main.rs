@@ -10,6 +10,7 @@ mod broker;
 mod consumer;
 mod consumer_operator;
 mod consumer_order;
+mod migrate;
 mod operations;
 mod relay_basic;
 mod relay_faults;
