@@ -49,6 +49,12 @@ pub const LISTENING: &str = "outbox_relay_listening";
 /// Gauge: the relays this relay sees running on its table (`outbox_relays`, itself included),
 /// between which the partitions are shared out.
 pub const RELAYS: &str = "outbox_relays_running";
+/// Counter: relay batches that failed: a statement of the batch or its connection failed, or
+/// its transaction did not commit (the lane logs the error at warn, pauses up to 5 s and tries
+/// again). Unlabelled, one series per relay process, registered at 0 when the relay starts.
+/// A lane whose every batch fails adds one at least every 5 s while the other lanes may still
+/// publish; the rules alert when it rises through 10 minutes (`OutboxRelayBatchesFailing`).
+pub const BATCH_FAILURES: &str = "outbox_relay_batch_failures_total";
 /// Histogram: rows claimed per committed relay batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
 /// Histogram: seconds from a row's `created_at` to its publish ack (commit-to-ack lag, plus
@@ -58,10 +64,17 @@ pub const PUBLISH_LAG: &str = "outbox_publish_lag_seconds";
 /// subject until an operator resets `attempts`. Labelled `event_type`.
 pub const AT_CAP: &str = "outbox_events_at_attempt_cap_total";
 
-/// Gauge: age in seconds of the oldest unpublished row (0 when there is none). Alert on it.
+/// Gauge: age in seconds of the oldest unpublished row the relay should be publishing (0 when
+/// there is none): rows of subjects backing off count, rows of held subjects do not (they
+/// have [`UNPUBLISHED_HELD`] and [`ROWS_HELD`]). Alert on it: it rises only while the relay is
+/// late, not while an event waits for an operator.
 pub const OLDEST_UNPUBLISHED_AGE: &str = "outbox_oldest_unpublished_age_seconds";
-/// Gauge: unpublished rows (the backlog).
+/// Gauge: unpublished rows (the backlog), the held subjects' included.
 pub const UNPUBLISHED: &str = "outbox_unpublished";
+/// Gauge: unpublished rows of held subjects: each held row and the rows of its subject that
+/// wait behind it. `outbox_unpublished` minus this is the backlog the relay should be
+/// publishing.
+pub const UNPUBLISHED_HELD: &str = "outbox_unpublished_held";
 /// Gauge: unpublished rows at or past the attempt cap right now. Alert on any.
 pub const ROWS_AT_CAP: &str = "outbox_rows_at_attempt_cap";
 /// Gauge: rows held right now (at the attempt cap, or refused for good): each holds its
@@ -104,7 +117,7 @@ pub const CONSUMER_DEAD_LETTERS: &str = "outbox_consumer_dead_letters_total";
 /// only once it exists, and `increase` misses the first increment of a series that appears:
 /// a counter alerted on exists from the start.
 pub(crate) fn register_relay() {
-    for name in [CUT_BATCHES, DUPLICATES] {
+    for name in [CUT_BATCHES, DUPLICATES, BATCH_FAILURES] {
         metrics::counter!(name).increment(0);
     }
 }
