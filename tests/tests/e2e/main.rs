@@ -17,5 +17,6 @@ mod relay_faults;
 mod relay_poison;
 mod relay_replicas;
 mod relay_wake;
+mod roles;
 mod testkit;
 mod verify;

@@ -24,11 +24,16 @@ pub(crate) struct Private {
 }
 
 impl Private {
+    /// A new server.
+    pub(crate) async fn spawn() -> Private {
+        Private {
+            pg: PgServer::spawn(),
+        }
+    }
+
     /// A new server, and its database `outbox` owned by the role `owner` (created here).
     pub(crate) async fn new(owner: &str) -> Private {
-        let private = Private {
-            pg: PgServer::spawn(),
-        };
+        let private = Private::spawn().await;
         private
             .admin("postgres")
             .await
