@@ -60,7 +60,7 @@ grant select, insert, update on outbox_dedupe_horizon to :"retention_role";
 
 -- The operator: `outbox status` reads the backlog and the schedule, `outbox unblock` resets
 -- the attempts of held rows and drops their schedules, `outbox verify` reads published rows
--- (its --republish sets rows unpublished: run that as the relay role).
+-- (its --republish sets rows unpublished: run that as the migration role).
 grant select, update (attempts) on outbox_events to :"operator_role";
 grant select, delete on outbox_retries to :"operator_role";
 
