@@ -43,6 +43,12 @@ pub fn status(s: &Status) -> String {
     );
     let _ = writeln!(out, "at attempt cap ({})  {}", s.max_attempts, s.at_cap);
     let _ = writeln!(out, "held                 {}", s.held_total);
+    let _ = writeln!(
+        out,
+        "on held subjects     {} row(s), oldest {}",
+        s.held_unpublished,
+        age(s.oldest_held_age)
+    );
     let _ = writeln!(out, "backing off          {} subject(s)", s.backing_off);
     let attempts: Vec<String> = s.attempts.iter().map(|(a, n)| format!("{a}:{n}")).collect();
     let _ = writeln!(

@@ -106,6 +106,38 @@ pub enum Error {
         /// The version both sets of migrations claim.
         version: i64,
     },
+    /// [`migrate`](crate::migrate()) would have to build an index of `outbox_events` on a table
+    /// with rows, which holds every write to the table until the build ends: it builds nothing,
+    /// and names the statements that build the index without holding writes.
+    #[error(
+        "index `{index}` of outbox_events {problem}, and the table has rows: building it in a \
+         migration would hold every write to the table until the build ends, so migrate does \
+         not; run {statements} (each on its own, outside a transaction, as the table's owner), \
+         then migrate again"
+    )]
+    IndexNotBuilt {
+        /// The index.
+        index: &'static str,
+        /// What is wrong with it.
+        problem: &'static str,
+        /// The statements to run, in order.
+        statements: String,
+    },
+    /// A statement of [`migrate`](crate::migrate()) waited for a lock longer than it may (a
+    /// statement waiting for a table lock holds the writes that queue behind it) and gave up
+    /// with nothing of it applied.
+    #[error(
+        "{what} waited over {}s for a lock (a long transaction, or an index build, holds its \
+         table) and gave up, so that writes to the table waited no longer; nothing of it was \
+         applied: run migrate again once that transaction or build is over",
+        waited.as_secs()
+    )]
+    MigrationBlocked {
+        /// What waited: a migration, or the build of an index.
+        what: String,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// Serialising an event or envelope failed.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),

@@ -9,6 +9,7 @@ mod envelope;
 mod error;
 mod event;
 pub mod metrics;
+mod migrate;
 mod naming;
 pub mod order;
 pub mod redact;
@@ -56,21 +57,28 @@ pub use outbox_macros::OutboxEvent;
 ///   and `tracestate`, the W3C trace context of the span each event was emitted in (see
 ///   [`trace`]). The contract's columns are unchanged; emit writes them only with the
 ///   `opentelemetry` feature, and a relay on a table without them works and says so at start.
-/// - `0008_outbox_relays.sql`: the running relays (`outbox_relays`, unlogged), one row each
-///   with a heartbeat, so that several relays share the subject partitions out between them.
+/// - `0008_outbox_relays.sql`: the running relays' table of an earlier relay, which shared the
+///   subject partitions out between relays; 0011 drops it.
 /// - `0009_outbox_published_idx.sql`: retention's index, the published rows by `published_at`
-///   (a prune statement reads a bounded number of pages however large the table). Its build
-///   holds writes to the table: on a large table build it `concurrently` beforehand (the
-///   file gives the statement) and the migration finds it.
+///   (a prune statement reads a bounded number of pages however large the table). Its
+///   statement holds writes to the table while it builds: [`migrate`] runs it only on an empty
+///   table, and on one with rows names the `create index concurrently` statement (the file
+///   gives it too) to run first.
 /// - `0010_outbox_unpublished_partition_idx.sql`: the unpublished rows by `(created_at, id)`
 ///   and subject partition, so that a relay's lane skips the other lanes' rows inside the
 ///   index. Built like 0009 (the file gives the `concurrently` statement).
+/// - `0011_outbox_relay_lease.sql`: the relay lease (`outbox_relay_lease`), which says which of
+///   the relays running on the table publishes (docs/relay.md, *Several relays*), and drops
+///   0008's table.
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
-/// are idempotent: `create ... if not exists`, and a storage setting).
+/// are idempotent: `create ... if not exists`, and a storage setting). Run as they are (by
+/// this migrator or a copy), 0009 and 0010 build their indexes in the migration's transaction,
+/// holding writes: on a table with rows, build them `concurrently` first, or use [`migrate`].
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// Applies [`MIGRATOR`] to `pool`.
+/// Applies [`MIGRATOR`] to `pool`, without ever holding writes to `outbox_events` for longer
+/// than a lock wait of 2 s.
 ///
 /// sqlx records migrations in one table, `_sqlx_migrations`, shared with the service's own
 /// `sqlx::migrate!` migrations. This tolerates the service's entries (it ignores versions it does
@@ -78,12 +86,26 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// (`set_ignore_missing(true)`); `sqlx migrate add` names files by timestamp, so the versions do
 /// not collide. If the service numbers its migrations 1, 2, 3, … they do collide and this
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder
-/// instead.
+/// instead (and build 0009's and 0010's indexes yourself, as below).
 ///
-/// A concurrent build of `outbox_events_published_idx` (0009) or
-/// `outbox_events_unpublished_partition_idx` (0010) that failed (cancelled, a connection lost)
-/// leaves an invalid index behind, which `if not exists` would take for done: this drops it
-/// and builds it again (a build still in progress is left alone).
+/// - **One lock for the whole run**: sqlx's migration lock of the database (so the service's
+///   migrations and these never run at once), taken by trying every 100 ms rather than by a
+///   statement that waits (which would hold a snapshot that any concurrent index build waits
+///   for). Several processes may call this at once: one migrates, the others wait and then find
+///   nothing to do.
+/// - **Lock waits of at most 2 s**: a statement that waits for a table lock holds every write
+///   that queues behind it, so each gives up after 2 s, with [`Error::MigrationBlocked`] and
+///   nothing of its migration applied: run it again once the long transaction (or index
+///   build) that held the table is over.
+/// - **No index build on a table with rows**: the indexes of 0009 and 0010 are checked here, not
+///   by their migrations' statements, which would hold writes for the whole build (minutes on
+///   tens of millions of rows). Present, valid or being built, the migration is recorded; missing
+///   on an empty table, it is built at once; missing on a table with rows, or left invalid by a
+///   concurrent build that failed, this returns [`Error::IndexNotBuilt`] with the `create
+///   index concurrently` statement (and the `drop index concurrently` before it) to run, and
+///   changes nothing. An invalid index counts as being built while another session holds
+///   `outbox_events` in the mode a concurrent build holds it (`pg_locks`, which every role can
+///   read), so a build in progress is never dropped, whoever runs it.
 ///
 /// ```no_run
 /// # async fn run() -> outbox_runtime::Result<()> {
@@ -92,67 +114,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
-    // a concurrent build that failed leaves an invalid index that `if not exists` would take
-    // for done: drop it, and build it again below
-    let mut rebuild = Vec::new();
-    for (name, build) in BUILT_CONCURRENTLY {
-        if drop_invalid_index(pool, name).await? {
-            rebuild.push(build);
-        }
-    }
-    let mut migrator = sqlx::migrate!("./migrations");
-    migrator.set_ignore_missing(true);
-    match migrator.run(pool).await {
-        Ok(()) => {}
-        Err(sqlx::migrate::MigrateError::VersionMismatch(version)) => {
-            return Err(Error::MigrationConflict { version })
-        }
-        Err(e) => return Err(e.into()),
-    }
-    for build in rebuild {
-        sqlx::raw_sql(build).execute(pool).await?;
-    }
-    Ok(())
-}
-
-/// The indexes whose migrations say to build them `concurrently` beforehand on a large table,
-/// with their migrations: retention's (0009) and the lanes' (0010).
-const BUILT_CONCURRENTLY: [(&str, &str); 2] = [
-    (
-        "outbox_events_published_idx",
-        include_str!("../migrations/0009_outbox_published_idx.sql"),
-    ),
-    (
-        "outbox_events_unpublished_partition_idx",
-        include_str!("../migrations/0010_outbox_unpublished_partition_idx.sql"),
-    ),
-];
-
-/// Drops the index `name` of `outbox_events` when it is invalid (a concurrent build of it
-/// failed) and no build of it is in progress; whether it did.
-async fn drop_invalid_index(pool: &sqlx::PgPool, name: &str) -> Result<bool> {
-    let invalid: Option<String> = sqlx::query_scalar(
-        "select c.oid::regclass::text from pg_index i join pg_class c on c.oid = i.indexrelid \
-          where i.indrelid = to_regclass('outbox_events') \
-            and c.relname = $1 and not i.indisvalid \
-            and not exists (select 1 from pg_stat_progress_create_index p \
-                             where p.index_relid = c.oid)",
-    )
-    .bind(name)
-    .fetch_optional(pool)
-    .await?;
-    let Some(index) = invalid else {
-        return Ok(false);
-    };
-    tracing::warn!(
-        %index,
-        "{name} is invalid (a concurrent build of it failed); dropping it and building it again"
-    );
-    // the name is the catalog's own, quoted by `regclass`
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("drop index if exists {index}")))
-        .execute(pool)
-        .await?;
-    Ok(true)
+    migrate::run(pool).await
 }
 
 #[doc(hidden)]

@@ -50,9 +50,11 @@ pub const LISTENING: &str = "outbox_relay_listening";
 /// (docs/relay.md, *Several relays*): across a table's relays it sums to 1, or to 0 while none
 /// reaches both Postgres and NATS.
 pub const LEASE_HELD: &str = "outbox_relay_lease_held";
-/// Counter: relay batches that failed as a whole (a statement failed or timed out, Postgres
-/// could not be reached); the lane backs off and tries again. Rising while rows wait: a lane
-/// is stalled.
+/// Counter: relay batches that failed: a statement of the batch or its connection failed, or
+/// its transaction did not commit (the lane logs the error at warn, pauses up to 5 s and tries
+/// again). Unlabelled, one series per relay process, registered at 0 when the relay starts.
+/// A lane whose every batch fails adds one at least every 5 s while the other lanes may still
+/// publish; the rules alert when it rises through 10 minutes (`OutboxRelayBatchesFailing`).
 pub const BATCH_FAILURES: &str = "outbox_relay_batch_failures_total";
 /// Histogram: rows claimed per committed relay batch.
 pub const BATCH_SIZE: &str = "outbox_relay_batch_size";
@@ -63,10 +65,17 @@ pub const PUBLISH_LAG: &str = "outbox_publish_lag_seconds";
 /// subject until an operator resets `attempts`. Labelled `event_type`.
 pub const AT_CAP: &str = "outbox_events_at_attempt_cap_total";
 
-/// Gauge: age in seconds of the oldest unpublished row (0 when there is none). Alert on it.
+/// Gauge: age in seconds of the oldest unpublished row the relay should be publishing (0 when
+/// there is none): rows of subjects backing off count, rows of held subjects do not (they
+/// have [`UNPUBLISHED_HELD`] and [`ROWS_HELD`]). Alert on it: it rises only while the relay is
+/// late, not while an event waits for an operator.
 pub const OLDEST_UNPUBLISHED_AGE: &str = "outbox_oldest_unpublished_age_seconds";
-/// Gauge: unpublished rows (the backlog).
+/// Gauge: unpublished rows (the backlog), the held subjects' included.
 pub const UNPUBLISHED: &str = "outbox_unpublished";
+/// Gauge: unpublished rows of held subjects: each held row and the rows of its subject that
+/// wait behind it. `outbox_unpublished` minus this is the backlog the relay should be
+/// publishing.
+pub const UNPUBLISHED_HELD: &str = "outbox_unpublished_held";
 /// Gauge: unpublished rows at or past the attempt cap right now. Alert on any.
 pub const ROWS_AT_CAP: &str = "outbox_rows_at_attempt_cap";
 /// Gauge: rows held right now (at the attempt cap, or refused for good): each holds its

@@ -12,13 +12,27 @@ use crate::metrics as m;
 use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
 
 /// A snapshot of the outbox table's unpublished rows.
+///
+/// The held subjects' rows (each held row and the rows of its subject waiting behind it) are
+/// counted in [`Status::unpublished`] and [`Status::held_unpublished`], and left out of
+/// [`Status::oldest_unpublished_age`]: that one is the age of what the relay should be
+/// publishing, which an operator's release does not wait on.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Status {
-    /// Rows not yet acknowledged by the broker.
+    /// Rows not yet acknowledged by the broker, the held subjects' included.
     pub unpublished: i64,
-    /// Age of the oldest unpublished row (by `created_at`), if any.
+    /// Age of the oldest unpublished row (by `created_at`) that the relay should be publishing:
+    /// rows of subjects backing off after a failed publish count (the relay retries them, and
+    /// their delay is real), rows of held subjects do not (they wait for an operator, and
+    /// [`Status::oldest_held_age`] has them). `None` when there is no such row.
     #[serde(with = "secs")]
     pub oldest_unpublished_age: Option<Duration>,
+    /// Unpublished rows of held subjects: each held row and the later rows of its subject,
+    /// which wait behind it until an operator releases it.
+    pub held_unpublished: i64,
+    /// Age of the oldest of them.
+    #[serde(with = "secs")]
+    pub oldest_held_age: Option<Duration>,
     /// Unpublished rows at or past the attempt cap: the relay leaves them alone until
     /// [`unblock`]ed, and holds the later events of their subjects behind them.
     pub at_cap: i64,
@@ -60,9 +74,10 @@ pub struct Held {
 pub struct TypeStatus {
     /// The event type.
     pub event_type: String,
-    /// Unpublished rows of this type.
+    /// Unpublished rows of this type, the held subjects' included.
     pub unpublished: i64,
-    /// Age of its oldest unpublished row.
+    /// Age of its oldest unpublished row that the relay should be publishing (rows of held
+    /// subjects left out, as in [`Status::oldest_unpublished_age`]).
     #[serde(with = "secs")]
     pub oldest_unpublished_age: Option<Duration>,
     /// Its rows at the attempt cap.
@@ -93,7 +108,8 @@ fn db(e: sqlx::Error) -> Error {
 /// capped (pass the relay's `max_attempts`).
 ///
 /// It scans the unpublished rows through the partial index, so its cost grows with the
-/// backlog, not with the table.
+/// backlog, not with the table (the held subjects are looked up in the relay's small retry
+/// schedule, `outbox_retries`).
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
@@ -104,11 +120,15 @@ fn db(e: sqlx::Error) -> Error {
 /// # Ok(()) }
 /// ```
 pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
+    // a subject is held while its retry schedule has no retry time (docs/relay.md)
     let rows = sqlx::query(
-        "select event_type, attempts, count(*) as n, \
-                extract(epoch from now() - min(created_at))::float8 as age \
-           from outbox_events where published_at is null \
-          group by event_type, attempts order by event_type, attempts",
+        "select e.event_type, e.attempts, h.subject is not null as held, count(*) as n, \
+                extract(epoch from now() - min(e.created_at))::float8 as age \
+           from outbox_events e \
+           left join (select subject from outbox_retries where retry_at is null) h \
+             on h.subject = e.subject \
+          where e.published_at is null \
+          group by 1, 2, 3 order by 1, 2, 3",
     )
     .fetch_all(pool)
     .await
@@ -116,6 +136,8 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
     let mut status = Status {
         unpublished: 0,
         oldest_unpublished_age: None,
+        held_unpublished: 0,
+        oldest_held_age: None,
         at_cap: 0,
         max_attempts,
         attempts: Vec::new(),
@@ -127,11 +149,20 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
     for row in rows {
         let event_type: String = row.try_get("event_type")?;
         let attempts: i32 = row.try_get("attempts")?;
+        let held: bool = row.try_get("held")?;
         let n: i64 = row.try_get("n")?;
-        let row_age = age(row.try_get("age")?);
+        let held_age = age(row.try_get("age")?);
         let capped = if attempts >= max_attempts { n } else { 0 };
         status.unpublished += n;
         status.at_cap += capped;
+        // the age the relay answers for; a held subject's rows have their own
+        let row_age = if held {
+            status.held_unpublished += n;
+            status.oldest_held_age = status.oldest_held_age.max(held_age);
+            None
+        } else {
+            held_age
+        };
         status.oldest_unpublished_age = status.oldest_unpublished_age.max(row_age);
         match status.attempts.iter_mut().find(|(a, _)| *a == attempts) {
             Some((_, count)) => *count += n,
@@ -176,10 +207,11 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
     Ok(status)
 }
 
-/// Publishes the gauges an alert needs: `outbox_oldest_unpublished_age_seconds`,
-/// `outbox_unpublished` and `outbox_rows_at_attempt_cap`, then
-/// `outbox_gauges_refreshed_at_seconds` (the Unix time of this refresh: when a refresh fails,
-/// the others keep their last values and this one falls behind the clock).
+/// Publishes the gauges an alert needs: `outbox_oldest_unpublished_age_seconds` (held subjects'
+/// rows left out), `outbox_unpublished`, `outbox_unpublished_held`, `outbox_rows_held` and
+/// `outbox_rows_at_attempt_cap`, then `outbox_gauges_refreshed_at_seconds` (the Unix time of
+/// this refresh: when a refresh fails, the others keep their last values and this one falls
+/// behind the clock).
 /// [`Relay::run`](crate::Relay::run) calls it every 10 s while it runs; call it yourself where
 /// no relay runs in the process that exports metrics.
 pub async fn record_gauges(pool: &PgPool, max_attempts: i32) -> Result<Status> {
@@ -187,6 +219,7 @@ pub async fn record_gauges(pool: &PgPool, max_attempts: i32) -> Result<Status> {
     metrics::gauge!(m::OLDEST_UNPUBLISHED_AGE)
         .set(s.oldest_unpublished_age.map_or(0.0, |d| d.as_secs_f64()));
     metrics::gauge!(m::UNPUBLISHED).set(s.unpublished as f64);
+    metrics::gauge!(m::UNPUBLISHED_HELD).set(s.held_unpublished as f64);
     metrics::gauge!(m::ROWS_AT_CAP).set(s.at_cap as f64);
     metrics::gauge!(m::ROWS_HELD).set(s.held_total as f64);
     let now = std::time::SystemTime::now()

@@ -17,7 +17,8 @@
 //!    duplicate, so the handler is not called, the message is acked and
 //!    `outbox_consumer_duplicates_total` counts it;
 //! 4. calls the [`Handler`] with the event, its envelope metadata and the transaction;
-//! 5. on `Ok`, commits and only then acks. On `Err`, rolls back and naks with a growing delay.
+//! 5. on `Ok`, commits and only then acks. On `Err`, or a panic in the handler (caught, with
+//!    its message as the error), rolls back and naks with a growing delay.
 //!    A transient error ([`is_transient`]: the database connection lost, a serialization
 //!    failure, a deadlock, a lock timeout, or a [`Transient`] handler error) is retried without
 //!    counting; any other failure counts one attempt in `outbox_consumer_attempts` (migration
@@ -145,7 +146,9 @@ impl<E> Delivery<E> {
 /// `handle` runs inside the transaction that also records the event id; it should write only
 /// to the database through `tx` (the seed's rule 4: record the intent, let an idempotent
 /// worker do outside effects). Returning `Err` rolls everything back and retries the message
-/// (counting an attempt unless the error [is transient](is_transient)).
+/// (counting an attempt unless the error [is transient](is_transient)). A panic is caught and
+/// counts as an attempt that failed, with the panic's message as its error: the consumer goes
+/// on, and the message gives up after [`ConsumerConfig::max_attempts`] like any other failure.
 ///
 /// ```
 /// use outbox_runtime::consumer::{Delivery, Handler, HandlerError};

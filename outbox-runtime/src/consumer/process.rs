@@ -1,9 +1,12 @@
 //! One message end to end: decode, hold, dedupe, handler, commit, then ack, nak or terminate.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use futures::FutureExt;
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -299,7 +302,13 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 });
             }
         }
-        match self.handler.handle(delivery, &mut tx).await {
+        // A panic in the handler is one of its failures, with the panic's message: caught
+        // here, so that it neither ends the consumer nor comes back forever to every replica.
+        let handled = AssertUnwindSafe(self.handler.handle(delivery, &mut tx))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(Box::new(Panicked(panic_message(&*panic)))));
+        match handled {
             Ok(()) => {
                 // Only a redelivery can have attempts recorded.
                 if delivery.delivered > 1 {
@@ -309,6 +318,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 Ok(Outcome::Handled)
             }
             Err(error) => {
+                // after a panic too: the handler's writes, whatever it had sent, are undone
                 tx.rollback().await?;
                 let transient = is_transient(&*error);
                 let error = error.to_string();
@@ -365,6 +375,27 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         ack(message, AckKind::Term).await?;
         Ok(Outcome::Rejected { event_id, reason })
     }
+}
+
+/// A handler that panicked: an attempt that failed, with the panic's message as its reason.
+#[derive(Debug)]
+struct Panicked(String);
+
+impl std::fmt::Display for Panicked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the handler panicked: {}", self.0)
+    }
+}
+
+impl std::error::Error for Panicked {}
+
+/// The message a panic was raised with (`panic!` gives a `&str` or a `String`).
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 async fn ack(message: &jetstream::Message, kind: AckKind) -> Result<()> {

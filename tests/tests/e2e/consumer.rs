@@ -390,6 +390,123 @@ async fn two_replicas_share_ten_thousand_events_and_each_takes_effect_once() {
     assert_eq!(dedupe, EVENTS);
 }
 
+/// Records every handled event like [`Record`], after its write panics on event `poison`.
+struct PanicsOn {
+    poison: i64,
+}
+
+impl Handler<AccountOpened> for PanicsOn {
+    async fn handle(
+        &self,
+        delivery: &Delivery<AccountOpened>,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        Record.handle(delivery, tx).await?;
+        if delivery.event().n == self.poison {
+            panic!("poison account {}", delivery.event().account_id);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_a_failed_attempt_that_gives_up_into_the_dead_letters_and_both_replicas_live(
+) {
+    const GOOD: i64 = 100;
+    let s = setup(Duration::from_secs(60)).await;
+    let poison_account = Uuid::now_v7();
+    for n in 0..GOOD / 2 {
+        s.emit(n).await;
+    }
+    let poison = s.emit_for(poison_account, GOOD).await;
+    for n in GOOD / 2..GOOD {
+        s.emit(n).await;
+    }
+    s.drain().await;
+
+    let name = "panicking";
+    let subject = "accounts.deadletter.panicking";
+    let replica = || {
+        let mut config = ConsumerConfig::new(name, STREAM);
+        config.max_attempts = 3;
+        config.retry_base = Duration::from_millis(50);
+        config.retry_max = Duration::from_millis(200);
+        config.ack_wait = Duration::from_secs(1);
+        config.dead_letter = Some(subject.into());
+        Consumer::new(
+            s.db.pool.clone(),
+            s.js.clone(),
+            config,
+            PanicsOn { poison: GOOD },
+        )
+    };
+    let (stop_a, task_a) = spawn(replica());
+    let (stop_b, task_b) = spawn(replica());
+    eventually(
+        Duration::from_secs(30),
+        "the good events handled and the poison one given up",
+        || async {
+            s.effects().await.0 >= GOOD && counter("outbox_consumer_gave_up_total", name) >= 1
+        },
+    )
+    .await;
+    // Terminated: no replica gets it again, and both are still running.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !task_a.is_finished() && !task_b.is_finished(),
+        "a replica stopped"
+    );
+    drop((stop_a, stop_b));
+    task_a.await.expect("replica a lives to its shutdown");
+    task_b.await.expect("replica b lives to its shutdown");
+
+    assert_eq!(
+        s.effects().await,
+        (GOOD, GOOD),
+        "each good event took effect once, and the poison one's write was rolled back"
+    );
+    let poisoned: i64 = sqlx::query_scalar("select count(*) from effects where event_id = $1")
+        .bind(poison)
+        .fetch_one(&s.db.pool)
+        .await
+        .expect("count");
+    assert_eq!(poisoned, 0);
+    assert_eq!(counter("outbox_consumer_gave_up_total", name), 1);
+    assert_eq!(counter("outbox_consumer_failures_total", name), 3);
+    assert_eq!(counter("outbox_consumer_handled_total", name), GOOD as u64);
+    let attempts: Vec<(i32, String)> = sqlx::query_as(
+        "select attempts, last_error from outbox_consumer_attempts where consumer = $1",
+    )
+    .bind(name)
+    .fetch_all(&s.db.pool)
+    .await
+    .expect("attempts");
+    let panic_message = format!("the handler panicked: poison account {poison_account}");
+    assert_eq!(attempts, [(3, panic_message.clone())]);
+
+    let letter =
+        s.js.get_stream(STREAM)
+            .await
+            .expect("stream")
+            .get_last_raw_message_by_subject(subject)
+            .await
+            .expect("the dead letter");
+    let header = |name: &str| {
+        letter
+            .headers
+            .get(name)
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_else(|| panic!("header {name} on the dead letter"))
+    };
+    assert_eq!(header("Outbox-Original-Id"), poison.to_string());
+    assert_eq!(header("Outbox-Dead-Letter-Kind"), "gave-up");
+    assert!(
+        header("Outbox-Rejected-Reason").contains(&panic_message),
+        "{}",
+        header("Outbox-Rejected-Reason")
+    );
+}
+
 #[tokio::test]
 async fn undecodable_messages_are_rejected_with_the_id_and_reason_and_the_consumer_goes_on() {
     let s = setup(Duration::from_secs(60)).await;
