@@ -483,7 +483,7 @@ impl Handler<AccountOpened> for FailsTwice {
 }
 
 /// What each role must be refused (besides what the catalog check rules out).
-const FORBIDDEN: [(&str, &str); 14] = [
+const FORBIDDEN: [(&str, &str); 15] = [
     (
         "emitter_role",
         "insert into outbox_events (id, event_type, source, subject, time, data, published_at) \
