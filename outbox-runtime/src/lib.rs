@@ -26,7 +26,7 @@ pub use emit::{EmitExt, RawEvent, NOTIFY_CHANNEL, WAKE_KEY};
 pub use envelope::{Envelope, CONTENT_TYPE, DATA_CONTENT_TYPE, SPEC_VERSION};
 pub use error::{BoxError, Error, Result, SchemaViolation};
 pub use event::{EmitEvent, OutboxEvent, PLATFORM_SUBJECT};
-pub use relay::{BatchReport, Claim, Relay, RelayConfig, RelayStats};
+pub use relay::{BatchReport, Claim, Relay, RelayConfig, RelayHealth, RelayStats};
 pub use stream::{check_captures, durability_warning, unsafe_settings, StorageType, StreamSpec};
 pub use validate::Schemas;
 pub use verify::{verify, VerifyOptions, VerifyReport};

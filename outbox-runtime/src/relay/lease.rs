@@ -110,16 +110,22 @@ pub(super) async fn keep(
     client: async_nats::Client,
     me: Uuid,
     terms: watch::Sender<Option<Term>>,
+    health: std::sync::Arc<super::stats::Health>,
     mut stop: watch::Receiver<bool>,
 ) {
+    use std::sync::atomic::Ordering::Relaxed;
     let mut echo = Echo::new(client);
     let mut number = 0u64;
     let mut next = Instant::now();
     loop {
         let now = Instant::now();
         let held = terms.borrow().filter(|t| t.runs(now));
-        if echo.healthy(now).await {
-            match renew(&pool, me).await {
+        let nats = echo.healthy(now).await;
+        health.nats.store(nats, Relaxed);
+        if nats {
+            let renewed = renew(&pool, me).await;
+            health.postgres.store(renewed.is_ok(), Relaxed);
+            match renewed {
                 Ok(Some(left)) => {
                     let until = now + left.saturating_sub(MARGIN);
                     let term = match held {
@@ -143,12 +149,17 @@ pub(super) async fn keep(
                 // the term runs out by itself unless a later renewal works
                 Err(e) => tracing::debug!(error = %e, "outbox relay could not renew its lease"),
             }
-        } else if held.is_some() {
-            tracing::warn!(relay = %me, silent = ?NATS_SILENT, "outbox relay gives the lease up: the NATS server did not answer");
-            resign(&pool, me).await;
-            metrics::gauge!(crate::metrics::LEASE_HELD).set(0.0);
-            terms.send_replace(None);
+        } else {
+            if held.is_some() {
+                tracing::warn!(relay = %me, silent = ?NATS_SILENT, "outbox relay gives the lease up: the NATS server did not answer");
+                metrics::gauge!(crate::metrics::LEASE_HELD).set(0.0);
+                terms.send_replace(None);
+            }
+            // the lease's statement, as a probe of Postgres: given up when held, or a no-op
+            health.postgres.store(resign(&pool, me).await, Relaxed);
         }
+        let holding = terms.borrow().is_some_and(|t| t.runs(Instant::now()));
+        health.holds_lease.store(holding, Relaxed);
         next += EVERY;
         if next < Instant::now() {
             next = Instant::now() + EVERY;
@@ -162,6 +173,7 @@ pub(super) async fn keep(
         resign(&pool, me).await;
     }
     metrics::gauge!(crate::metrics::LEASE_HELD).set(0.0);
+    health.holds_lease.store(false, Relaxed);
     terms.send_replace(None);
 }
 
@@ -179,13 +191,15 @@ async fn renew(pool: &PgPool, me: Uuid) -> Result<Option<Duration>, String> {
     }
 }
 
-/// [`RESIGN`](sql::RESIGN), best effort: unanswered, the lease runs out by itself.
-async fn resign(pool: &PgPool, me: Uuid) {
+/// [`RESIGN`](sql::RESIGN), best effort: unanswered, the lease runs out by itself. Whether
+/// Postgres answered.
+async fn resign(pool: &PgPool, me: Uuid) -> bool {
     let query = sqlx::query(sql::RESIGN).bind(me).execute(pool);
     let error = match timeout(ANSWER, query).await {
-        Ok(Ok(_)) => return,
+        Ok(Ok(_)) => return true,
         Ok(Err(e)) => e.to_string(),
         Err(_) => "Postgres did not answer".to_owned(),
     };
     tracing::debug!(%error, "outbox relay could not give its lease up; it runs out by itself");
+    false
 }

@@ -52,7 +52,7 @@ use uuid::Uuid;
 
 pub use claim::Claim;
 pub use config::RelayConfig;
-pub use stats::{BatchReport, RelayStats};
+pub use stats::{BatchReport, RelayHealth, RelayStats, STALLED_AFTER};
 
 use crate::error::Result;
 use crate::table::OUTBOX_RETRIES;
@@ -124,6 +124,8 @@ pub struct Relay {
     connects_seen: std::sync::atomic::AtomicU64,
     streams: streams::Streams,
     counters: stats::Counters,
+    /// What [`Relay::health`] reports.
+    health: std::sync::Arc<stats::Health>,
     /// The wake lock, for the lanes waiting for commits.
     waker: std::sync::Arc<wake::Waker>,
     /// The horizon the cursors stay behind, sampled by the batches.
@@ -265,6 +267,7 @@ impl Relay {
             pauses: backoff::SubjectBackoff::new(PAUSE_BASE, PAUSE_MAX),
             streams: streams::Streams::new(elections),
             counters: stats::Counters::default(),
+            health: std::sync::Arc::new(stats::Health::new(config.lanes)),
             waker: Default::default(),
             horizon: Default::default(),
             cursor: tokio::sync::Mutex::new(cursor::Cursor::new(tokio::time::Instant::now())),
@@ -326,6 +329,22 @@ impl Relay {
     /// Totals since the relay was created.
     pub fn stats(&self) -> RelayStats {
         self.counters.snapshot()
+    }
+
+    /// How the relay is doing while [`run`](Self::run) runs: whether it holds the lease,
+    /// reaches Postgres and NATS, and whether a lane's batches keep failing. What a readiness
+    /// probe asks ([`RelayHealth::is_ready`]).
+    ///
+    /// ```no_run
+    /// # fn probe(relay: &outbox_runtime::Relay) {
+    /// let health = relay.health();
+    /// if !health.is_ready() {
+    ///     eprintln!("not ready: {health:?}");
+    /// }
+    /// # }
+    /// ```
+    pub fn health(&self) -> RelayHealth {
+        self.health.snapshot()
     }
 
     /// The held rows, oldest first: each holds its subject, with the reason.

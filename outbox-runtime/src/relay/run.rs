@@ -75,8 +75,10 @@ impl Relay {
             self.jetstream.client(),
             me,
             terms,
+            self.health.clone(),
             stopped.clone(),
         )));
+        let _running = Running::start(&self.health);
         let count = self.config.lanes as i32;
         let lanes = futures::future::join_all((0..count).map(|index| {
             let lane = Lane { index, count };
@@ -145,6 +147,7 @@ impl Relay {
                 armed.borrow_and_update();
                 let epoch = self.waker.epoch();
                 let result = self.lane_batch(lane, &mut cursor).await;
+                self.health.batch(lane.index as usize, result.is_err());
                 let (outcome, next_retry) = match &result {
                     Ok(done) => *done,
                     Err(e) => {
@@ -310,6 +313,29 @@ impl Relay {
                 _ = stop.changed() => return,
                 () = sleep(STREAM_CHECK_INTERVAL) => {}
             }
+        }
+    }
+}
+
+/// Marks the relay running in its health until dropped.
+struct Running<'a>(&'a super::stats::Health);
+
+impl<'a> Running<'a> {
+    fn start(health: &'a super::stats::Health) -> Running<'a> {
+        health
+            .running
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Running(health)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.0.running.store(false, Relaxed);
+        self.0.holds_lease.store(false, Relaxed);
+        for lane in &self.0.lane_failures {
+            lane.store(0, Relaxed);
         }
     }
 }

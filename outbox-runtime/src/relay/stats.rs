@@ -125,3 +125,83 @@ impl Counters {
         }
     }
 }
+
+/// How a running relay is doing, for liveness and readiness probes ([`Relay::health`]).
+///
+/// [`Relay::health`]: super::Relay::health
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayHealth {
+    /// Whether [`Relay::run`](super::Relay::run) is running.
+    pub running: bool,
+    /// Whether this relay holds the relay lease and publishes; `false` while it stands by.
+    pub holds_lease: bool,
+    /// Whether the relay's last statement to Postgres (its lease, renewed or tried every
+    /// second) was answered.
+    pub postgres_reachable: bool,
+    /// Whether a message to itself through the NATS server came back within the last few
+    /// seconds.
+    pub nats_reachable: bool,
+    /// Lanes whose last [`STALLED_AFTER`] batches or more failed in a row.
+    pub stalled_lanes: usize,
+}
+
+/// Failed batches in a row after which a lane counts as stalled ([`RelayHealth`]).
+pub const STALLED_AFTER: u32 = 3;
+
+impl RelayHealth {
+    /// Ready to publish: running, Postgres and NATS reachable, and no lane stalled. A relay
+    /// standing by is ready too when it could take the lease over.
+    pub fn is_ready(&self) -> bool {
+        self.running && self.postgres_reachable && self.nats_reachable && self.stalled_lanes == 0
+    }
+}
+
+/// The cells behind [`RelayHealth`], written by the relay's tasks.
+#[derive(Debug)]
+pub(super) struct Health {
+    pub(super) running: std::sync::atomic::AtomicBool,
+    pub(super) holds_lease: std::sync::atomic::AtomicBool,
+    pub(super) postgres: std::sync::atomic::AtomicBool,
+    pub(super) nats: std::sync::atomic::AtomicBool,
+    /// Per lane, its failed batches in a row.
+    pub(super) lane_failures: Vec<std::sync::atomic::AtomicU32>,
+}
+
+impl Health {
+    pub(super) fn new(lanes: usize) -> Health {
+        use std::sync::atomic::{AtomicBool, AtomicU32};
+        Health {
+            running: AtomicBool::new(false),
+            holds_lease: AtomicBool::new(false),
+            postgres: AtomicBool::new(false),
+            nats: AtomicBool::new(false),
+            lane_failures: (0..lanes).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    pub(super) fn snapshot(&self) -> RelayHealth {
+        RelayHealth {
+            running: self.running.load(Relaxed),
+            holds_lease: self.holds_lease.load(Relaxed),
+            postgres_reachable: self.postgres.load(Relaxed),
+            nats_reachable: self.nats.load(Relaxed),
+            stalled_lanes: self
+                .lane_failures
+                .iter()
+                .filter(|f| f.load(Relaxed) >= STALLED_AFTER)
+                .count(),
+        }
+    }
+
+    /// Lane `lane`'s batch failed (`true`) or did not.
+    pub(super) fn batch(&self, lane: usize, failed: bool) {
+        if let Some(cell) = self.lane_failures.get(lane) {
+            if failed {
+                cell.fetch_add(1, Relaxed);
+            } else {
+                cell.store(0, Relaxed);
+            }
+        }
+    }
+}

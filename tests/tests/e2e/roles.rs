@@ -610,12 +610,11 @@ async fn each_component_works_as_its_role_with_exactly_the_grants_of_ops_postgre
         },
     )
     .await;
-    let leases: i64 = sqlx::query_scalar(
-        "select count(*) from outbox_relay_lease where expires_at > now()",
-    )
-    .fetch_one(w.owner())
-    .await
-    .expect("read the lease");
+    let leases: i64 =
+        sqlx::query_scalar("select count(*) from outbox_relay_lease where expires_at > now()")
+            .fetch_one(w.owner())
+            .await
+            .expect("read the lease");
     assert_eq!(leases, 1, "the relay holds the lease");
 
     // Every other component works as its role, the relay running beside them.
