@@ -14,7 +14,7 @@ use crate::validate::{validated_data, Schemas};
 use crate::EmitEvent;
 
 /// The channel the relay listens on. An emit notifies it while a relay waits for commits (see
-/// [`WAKE_KEY`]); Postgres delivers the notification only when the emitting transaction
+/// [`NOTIFY_KEY`]); Postgres delivers the notification only when the emitting transaction
 /// commits, and folds the notifications of one transaction into one.
 pub const NOTIFY_CHANNEL: &str = notify_channel!();
 
@@ -26,12 +26,17 @@ macro_rules! notify_channel {
 }
 pub(crate) use notify_channel;
 
-/// The advisory lock `(LOCK_NAMESPACE, WAKE_KEY)` that tells an emit whether a relay waits for
-/// commits: a relay with an idle lane holds it exclusively (docs/relay.md, *Wake-up*). An emit
-/// tries to take it shared for its transaction: when it cannot, a relay waits, and the emit
-/// notifies; when it can, every relay is busy claiming (and finds the row by itself), and the
-/// emit holds the lock until its transaction ends, so that a relay about to wait first waits
-/// for that commit. Emits never wait on it, and nothing else takes it.
+/// The advisory lock `(LOCK_NAMESPACE, NOTIFY_KEY)` that tells an emit whether a relay waits
+/// for commits: a relay with an idle lane holds it exclusively (docs/relay.md, *Wake-up*). An
+/// emit looks whether it is held (it takes it shared and lets it go at once: it never holds
+/// it), and notifies when it is.
+pub const NOTIFY_KEY: i32 = -2;
+
+/// The advisory lock `(LOCK_NAMESPACE, WAKE_KEY)` that an emit holds shared until its
+/// transaction ends, taken before it looks at [`NOTIFY_KEY`]: a relay that took
+/// `NOTIFY_KEY` then takes this one exclusively (without waiting: it tries again) to know that
+/// every emit that looked before it did has ended, and claims once more. An emit that cannot
+/// take it shared (a relay holds it for that moment) notifies. Emits never wait on either.
 pub const WAKE_KEY: i32 = -1;
 
 /// [`LOCK_NAMESPACE`](crate::relay::LOCK_NAMESPACE) and [`WAKE_KEY`], as literals.
@@ -42,8 +47,17 @@ macro_rules! wake_lock {
 }
 pub(crate) use wake_lock;
 
-/// The end of both inserts: the notification, sent only when the wake lock cannot be taken
-/// shared ([`WAKE_KEY`]). Its payload is the partition of 1024 of the event's subject, so that
+/// [`LOCK_NAMESPACE`](crate::relay::LOCK_NAMESPACE) and [`NOTIFY_KEY`], as literals.
+macro_rules! notify_lock {
+    () => {
+        "1868724338, -2"
+    };
+}
+pub(crate) use notify_lock;
+
+/// The end of both inserts: the notification, sent unless the emit holds [`WAKE_KEY`] shared
+/// and [`NOTIFY_KEY`] is free. The `case` fixes the order: the first lock is held before the
+/// second is looked at. Its payload is the partition of 1024 of the event's subject, so that
 /// only the relay's lane that owns it claims.
 macro_rules! announced {
     () => {
@@ -51,9 +65,13 @@ macro_rules! announced {
             " select pg_notify('",
             notify_channel!(),
             "', partition::text) from inserted",
-            " where not pg_try_advisory_xact_lock_shared(",
+            " where not case when pg_try_advisory_xact_lock_shared(",
             wake_lock!(),
-            ")"
+            ") then case when pg_try_advisory_lock_shared(",
+            notify_lock!(),
+            ") then pg_advisory_unlock_shared(",
+            notify_lock!(),
+            ") else false end else false end"
         )
     };
 }
@@ -268,12 +286,23 @@ fn insert_error(e: sqlx::Error) -> Error {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_insert_notifies_only_when_it_cannot_take_the_wake_lock_shared() {
-        let tail = concat!(
-            "from inserted where not pg_try_advisory_xact_lock_shared(",
+    fn the_insert_holds_the_wake_lock_before_it_looks_at_the_notify_lock() {
+        let insert = super::INSERT;
+        let wake = insert.find(concat!(
+            "pg_try_advisory_xact_lock_shared(",
             wake_lock!(),
             ")"
+        ));
+        let notify = insert.find(concat!("pg_try_advisory_lock_shared(", notify_lock!(), ")"));
+        assert!(wake.is_some() && notify.is_some(), "{insert}");
+        assert!(
+            wake < notify,
+            "the case tests the wake lock first: {insert}"
         );
-        assert!(super::INSERT.ends_with(tail), "{}", super::INSERT);
+        assert!(insert.contains(concat!(
+            "then pg_advisory_unlock_shared(",
+            notify_lock!(),
+            ")"
+        )));
     }
 }

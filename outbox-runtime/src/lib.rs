@@ -22,7 +22,7 @@ pub mod trace;
 mod validate;
 pub mod verify;
 
-pub use emit::{EmitExt, RawEvent, NOTIFY_CHANNEL, WAKE_KEY};
+pub use emit::{EmitExt, RawEvent, NOTIFY_CHANNEL, NOTIFY_KEY, WAKE_KEY};
 pub use envelope::{Envelope, CONTENT_TYPE, DATA_CONTENT_TYPE, SPEC_VERSION};
 pub use error::{BoxError, Error, Result, SchemaViolation};
 pub use event::{EmitEvent, OutboxEvent, PLATFORM_SUBJECT};

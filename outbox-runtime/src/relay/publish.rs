@@ -131,6 +131,10 @@ struct Run<'a> {
     connects: u64,
     /// Per stream, whether it changed leader during this batch (asked once per batch).
     elections: HashMap<String, bool>,
+    /// Per event type, the stream that captures it, as looked up during this batch (once per
+    /// type, an unanswered lookup included: a silent broker costs each type one wait, not each
+    /// row).
+    captures: HashMap<String, Capture>,
     /// Whether a duplicate ack is checked against the stream before it counts (servers older
     /// than 2.11, whose dedupe map could outlive a message lost in a leader change).
     verify_duplicates: bool,
@@ -159,6 +163,7 @@ impl<'a> Run<'a> {
             expired: false,
             connects: connects(to.jetstream),
             elections: HashMap::new(),
+            captures: HashMap::new(),
             verify_duplicates: before_2_11(&to.jetstream.client().server_info().version),
             sent_in: vec![None; rows.len()],
             roots: Roots::new(),
@@ -332,14 +337,7 @@ impl<'a> Run<'a> {
             },
         };
         debug_assert!(election);
-        let horizon = self.to.config.retry_horizon();
-        let lookup = self
-            .to
-            .streams
-            .capture(self.to.jetstream, event_type, horizon);
-        let capture = timeout(LOOKUP_TIMEOUT, lookup)
-            .await
-            .unwrap_or(Capture::Unknown);
+        let capture = self.capture_of(event_type, true).await;
         if capture == Capture::Nothing {
             return Next::Held(no_stream(event_type));
         }
@@ -403,7 +401,7 @@ impl<'a> Run<'a> {
         if self.reconnected() {
             return Next::NotAttempted(Failure::Reconnected);
         }
-        let elected = match self.stream_of(event_type).await {
+        let elected = match self.capture_of(event_type, false).await {
             Capture::Nothing => false,
             Capture::Unknown => true,
             Capture::Stream { name } => match self.elections.get(&name) {
@@ -426,17 +424,20 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// The stream that captures `event_type`, from the cache or looked up (a second at most).
-    async fn stream_of(&self, event_type: &str) -> Capture {
-        let streams = self.to.streams;
-        if let Some(name) = streams.cached_stream(event_type) {
-            return Capture::Stream { name };
+    /// The stream that captures `event_type`: from this batch's lookups, the relay's cache
+    /// (unless `fresh`: a "no responders" asks the broker again), or looked up (a second at
+    /// most), once per type and batch.
+    async fn capture_of(&mut self, event_type: &str, fresh: bool) -> Capture {
+        if let Some(capture) = self.captures.get(event_type) {
+            return capture.clone();
         }
-        let horizon = self.to.config.retry_horizon();
-        let lookup = streams.capture(self.to.jetstream, event_type, horizon);
-        timeout(LOOKUP_TIMEOUT, lookup)
-            .await
-            .unwrap_or(Capture::Unknown)
+        let streams = self.to.streams;
+        let capture = match streams.cached_stream(event_type) {
+            Some(name) if !fresh => Capture::Stream { name },
+            _ => lookup(self.to, event_type).await,
+        };
+        self.captures.insert(event_type.to_owned(), capture.clone());
+        capture
     }
 
     /// Whether the stream holds the message a duplicate ack for row `i` points at: its
@@ -463,6 +464,44 @@ impl<'a> Run<'a> {
     /// The deadline passed: rows awaiting their ack failed (or were not attempted, if their
     /// stream changed leader meanwhile), rows waiting for a retry were not attempted.
     async fn expire(&mut self) {
+        // the streams, and then their elections, of every row awaiting its ack, looked up at
+        // once: each lookup waits a second at most, so a silent broker holds the batch about
+        // two seconds past its deadline, however many types and streams it has
+        let flying: std::collections::BTreeSet<&str> = (0..self.rows.len())
+            .filter(|&i| self.flying[i])
+            .map(|i| self.rows[i].event_type())
+            .filter(|t| !self.captures.contains_key(*t))
+            .collect();
+        let to = self.to;
+        let found = futures::future::join_all(flying.into_iter().map(|t| async move {
+            let capture = match to.streams.cached_stream(t) {
+                Some(name) => Capture::Stream { name },
+                None => lookup(to, t).await,
+            };
+            (t.to_owned(), capture)
+        }))
+        .await;
+        self.captures.extend(found);
+        let streams: std::collections::BTreeSet<String> = self
+            .captures
+            .values()
+            .filter_map(|c| match c {
+                Capture::Stream { name } if !self.elections.contains_key(name) => {
+                    Some(name.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        let window = 2 * to.config.ack_timeout;
+        let elected = futures::future::join_all(streams.into_iter().map(|name| async move {
+            let elected = to
+                .streams
+                .elected_recently(to.jetstream, &name, window)
+                .await;
+            (name, elected)
+        }))
+        .await;
+        self.elections.extend(elected);
         for i in 0..self.rows.len() {
             if self.flying[i] {
                 self.flying[i] = false;
@@ -544,6 +583,17 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
     }
     run.expire().await;
     run.settled
+}
+
+/// Looks up the stream that captures `event_type`, waiting [`LOOKUP_TIMEOUT`] at most.
+async fn lookup(to: Publisher<'_>, event_type: &str) -> Capture {
+    let horizon = to.config.retry_horizon();
+    timeout(
+        LOOKUP_TIMEOUT,
+        to.streams.capture(to.jetstream, event_type, horizon),
+    )
+    .await
+    .unwrap_or(Capture::Unknown)
 }
 
 /// How often the client has connected (reconnects included).

@@ -1,4 +1,4 @@
-//! The wake lock: an emit notifies only while a relay waits for commits, and no event waits for
+//! The wake-up locks: an emit notifies only while a relay waits for commits, and no event waits for
 //! the fallback poll in any interleaving of an emit with a relay going to sleep. Every relay
 //! here polls once an hour, so an event it did not hear of would wait for the lanes' own
 //! wake-ups (their sweep, once a second) at best.
@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_runtime::relay::LOCK_NAMESPACE;
-use outbox_runtime::{EmitExt, Relay, RelayConfig, Schemas, NOTIFY_CHANNEL, WAKE_KEY};
+use outbox_runtime::{EmitExt, Relay, RelayConfig, Schemas, NOTIFY_CHANNEL, NOTIFY_KEY};
 use outbox_testkit::suite::Ctx;
 use outbox_testkit::{emit_committed, eventually, open_schemas, raw_event, run_relay};
 use sqlx::postgres::PgListener;
@@ -15,9 +15,9 @@ use uuid::Uuid;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// The wake lock's entries in `pg_locks` for the test's database (advisory locks are per
-/// database): (granted, waiting).
-async fn wake_lock(ctx: &Ctx) -> (i64, i64) {
+/// The notify lock's exclusive entries in `pg_locks` for the test's database (advisory locks
+/// are per database): (granted, waiting). A relay holds it while its lanes wait for commits.
+async fn notify_lock(ctx: &Ctx) -> (i64, i64) {
     sqlx::query_as(
         "select count(*) filter (where granted), count(*) filter (where not granted) \
            from pg_locks where locktype = 'advisory' and classid = $1::int8::oid \
@@ -25,7 +25,7 @@ async fn wake_lock(ctx: &Ctx) -> (i64, i64) {
             and database = (select oid from pg_database where datname = current_database())",
     )
     .bind(i64::from(LOCK_NAMESPACE))
-    .bind(i64::from(WAKE_KEY))
+    .bind(i64::from(NOTIFY_KEY))
     .fetch_one(ctx.pool())
     .await
     .unwrap()
@@ -90,11 +90,11 @@ async fn emits_send_no_notification_while_no_relay_waits() {
         .await;
     }
     assert_eq!(heard.within(Duration::from_millis(500)).await, 0);
-    // someone holding the lock exclusively, as a waiting relay does, makes them notify
+    // someone holding the notify lock exclusively, as a waiting relay does, makes them notify
     let mut holder = ctx.pool().acquire().await.unwrap();
     sqlx::query("select pg_advisory_lock($1, $2)")
         .bind(LOCK_NAMESPACE)
-        .bind(WAKE_KEY)
+        .bind(NOTIFY_KEY)
         .execute(&mut *holder)
         .await
         .unwrap();
@@ -110,9 +110,9 @@ async fn emits_send_no_notification_while_no_relay_waits() {
 
 /// The classic lost wake-up, forced: the emit checks for a waiting relay before the relay goes
 /// to sleep (so it sends no notification) and commits after the relay's last claim. The relay
-/// cannot take the wake lock while the emit holds it shared, so its lanes linger, claiming now
-/// and then (never in a hot loop), and the event is published once it commits; then the relay
-/// takes the lock, and the next emit notifies.
+/// takes the notify lock at once (later emits notify), but cannot take the wake lock while the
+/// emit holds it shared: its lanes linger, claiming now and then (never in a hot loop), and
+/// the event is published once it commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits() {
     let ctx = Ctx::new().await;
@@ -127,8 +127,8 @@ async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits()
         .await
         .unwrap();
 
-    // the relay claims (the row is not committed, so it finds nothing) and cannot take the
-    // lock: it neither holds it nor waits for it
+    // the relay claims (the row is not committed, so it finds nothing), takes the notify lock,
+    // and cannot take the wake lock
     let relay = Arc::new(
         Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
             .await
@@ -145,16 +145,16 @@ async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits()
     let lingered = relay.stats().claims - claims;
     assert!(
         lingered > 0,
-        "the lanes keep claiming while the lock is not theirs"
+        "the lanes keep claiming while the wake lock is not theirs"
     );
     assert!(
         lingered < 200,
         "{lingered} claims in a second: the lanes' pause grows to 50 ms, not a hot loop"
     );
     assert_eq!(
-        wake_lock(&ctx).await,
-        (0, 0),
-        "nobody holds or waits for the lock"
+        notify_lock(&ctx).await,
+        (1, 0),
+        "the relay holds the notify lock, waiting for nothing"
     );
     assert!(!published(&ctx, id).await);
 
@@ -173,14 +173,13 @@ async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits()
         "the emit sent no notification"
     );
     eprintln!("published {took:?} after its commit, without a notification");
-    eventually(
-        Duration::from_secs(5),
-        "the relay holds the lock while it waits",
-        || async { wake_lock(&ctx).await == (1, 0) },
-    )
-    .await;
+    assert_eq!(
+        notify_lock(&ctx).await,
+        (1, 0),
+        "the relay still holds the notify lock"
+    );
 
-    // now the relay waits: the next emit notifies, and is published at once
+    // the next emit notifies, and is published at once
     let id = emit_committed(
         ctx.pool(),
         &schemas,
@@ -206,8 +205,8 @@ async fn an_emit_that_did_not_notify_is_published_once_its_transaction_commits()
     // (and lets the lock go) moments after `run` returns
     eventually(
         Duration::from_secs(5),
-        "a stopped relay holds no wake lock",
-        || async { wake_lock(&ctx).await == (0, 0) },
+        "a stopped relay holds no notify lock",
+        || async { notify_lock(&ctx).await == (0, 0) },
     )
     .await;
     ctx.delete_stream().await;
@@ -329,8 +328,8 @@ async fn of_two_relays_behind_one_emit_the_lease_holder_publishes_every_row() {
     .await;
     eventually(
         Duration::from_secs(5),
-        "the holder waits for commits, holding the wake lock alone",
-        || async { wake_lock(&ctx).await == (1, 0) },
+        "the holder waits for commits, holding the notify lock alone",
+        || async { notify_lock(&ctx).await == (1, 0) },
     )
     .await;
     let mut by_relay = Vec::new();
@@ -349,12 +348,12 @@ async fn of_two_relays_behind_one_emit_the_lease_holder_publishes_every_row() {
     ctx.delete_stream().await;
 }
 
-/// Two idle relays for a few seconds: the lease holder holds the wake lock and the other
+/// Two idle relays for a few seconds: the lease holder holds the notify lock and the other
 /// waits for nothing, so neither warns (a lock wait ended by a timeout would also leave an
 /// error in the server's log). A current-thread runtime: the relays run on the test's thread,
 /// where the recording subscriber is the default.
 #[tokio::test]
-async fn two_idle_relays_hold_one_wake_lock_and_warn_of_nothing() {
+async fn two_idle_relays_hold_one_notify_lock_and_warn_of_nothing() {
     let warnings = outbox_tests::warnings::Warnings::default();
     let _recording = warnings.record();
     let ctx = Ctx::new().await;
@@ -370,12 +369,12 @@ async fn two_idle_relays_hold_one_wake_lock_and_warn_of_nothing() {
     }
     eventually(
         Duration::from_secs(15),
-        "one relay holds the wake lock",
-        || async { wake_lock(&ctx).await == (1, 0) },
+        "one relay holds the notify lock",
+        || async { notify_lock(&ctx).await == (1, 0) },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(wake_lock(&ctx).await, (1, 0), "nobody waits for it");
+    assert_eq!(notify_lock(&ctx).await, (1, 0), "nobody waits for it");
     for (stop, running) in relays {
         stop.send(()).unwrap();
         running.await.unwrap();
@@ -405,11 +404,11 @@ async fn a_relay_standing_by_publishes_without_waiting_for_the_poll_once_the_hol
         );
         relays.push((relay.clone(), run_relay(relay), pool));
     }
-    // the holder: the relay that holds the wake lock once idle
+    // the holder: the relay that holds the notify lock once idle
     eventually(
         Duration::from_secs(15),
         "one relay holds the lease",
-        || async { wake_lock(&ctx).await == (1, 0) },
+        || async { notify_lock(&ctx).await == (1, 0) },
     )
     .await;
     let first = emit_committed(
