@@ -6,6 +6,7 @@
 mod consumer_pg_restart;
 mod operations;
 mod relay_crash;
+mod relay_findings;
 mod relay_listen;
 mod relay_outage;
 mod relay_pg_restart;
