@@ -365,6 +365,16 @@ impl PgServer {
         self.run("pg_ctl", &["-w", "-m", "fast", "stop", "-D"], true);
     }
 
+    /// The server's log so far (`pg_ctl -l`), for tests that read what it logged.
+    ///
+    /// ```no_run
+    /// let pg = outbox_testkit::PgServer::spawn();
+    /// assert!(!pg.log().contains("ERROR:"));
+    /// ```
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
     /// `postgres://root@127.0.0.1:<port>/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://root@127.0.0.1:{}/postgres", self.port)

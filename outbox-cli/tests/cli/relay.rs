@@ -387,3 +387,90 @@ async fn relay_takes_the_deprecated_subject_flag_with_a_warning() {
         out.stderr
     );
 }
+
+/// Sessions of the test's database holding the relay's notify lock exclusively.
+async fn notify_lock_holders(db: &TestDb) -> i64 {
+    sqlx::query_scalar(
+        "select count(*) from pg_locks where locktype = 'advisory' and granted \
+            and mode = 'ExclusiveLock' and classid = $1::int8::oid \
+            and objid = ($2::int8 & 4294967295)::oid and objsubid = 2 \
+            and database = (select oid from pg_database where datname = current_database())",
+    )
+    .bind(i64::from(outbox_runtime::relay::LOCK_NAMESPACE))
+    .bind(i64::from(outbox_runtime::NOTIFY_KEY))
+    .fetch_one(&db.pool)
+    .await
+    .expect("read pg_locks")
+}
+
+/// The backends connected to the test's database, ours included.
+async fn backends(db: &TestDb) -> i64 {
+    sqlx::query_scalar("select count(*) from pg_stat_activity where datname = current_database()")
+        .fetch_one(&db.pool)
+        .await
+        .expect("read pg_stat_activity")
+}
+
+/// An idle relay frozen without a reset (SIGSTOP, as a paused VM): the server ends its
+/// wake-up locks' session within seconds, so emits stop notifying (each notification costs
+/// commit throughput), and its `LISTEN` session, so it holds no notification queue back;
+/// thawed, it publishes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_relay_frozen_lets_its_notify_lock_and_listener_go_within_seconds() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("frozen.row.changed");
+    let url = db_url(&ctx.db);
+    let mut relay = Running::spawn(relay_args(&url, &nats_url(), &[]));
+    eventually(PATIENCE, "the idle relay holds the notify lock", || async {
+        notify_lock_holders(&ctx.db).await == 1
+    })
+    .await;
+    let before = backends(&ctx.db).await;
+    let pid = relay.child.id();
+    signal(pid, "STOP");
+    let frozen_at = tokio::time::Instant::now();
+    eventually(
+        Duration::from_secs(10),
+        "the server ends the frozen relay's notify lock",
+        || async { notify_lock_holders(&ctx.db).await == 0 },
+    )
+    .await;
+    let released = frozen_at.elapsed();
+    eventually(
+        Duration::from_secs(15),
+        "the server ends the frozen relay's LISTEN session too",
+        || async { backends(&ctx.db).await <= before - 2 },
+    )
+    .await;
+    eprintln!("the notify lock went {released:?} after the freeze");
+    // emits notify no more: a listener of the test's hears nothing of them
+    let mut heard = sqlx::postgres::PgListener::connect_with(&ctx.db.pool)
+        .await
+        .unwrap();
+    heard.listen(outbox_runtime::NOTIFY_CHANNEL).await.unwrap();
+    let insert = |n: i32| {
+        let event_type = event_type.clone();
+        let pool = ctx.db.pool.clone();
+        async move {
+            let schemas = outbox_testkit::open_schemas(std::slice::from_ref(&event_type));
+            let event = outbox_testkit::raw_event(&event_type, "billing", "s").numbered(n as usize);
+            outbox_testkit::emit_committed(&pool, &schemas, event).await
+        }
+    };
+    let id = insert(1).await;
+    let note = tokio::time::timeout(Duration::from_millis(500), heard.try_recv()).await;
+    assert!(
+        note.is_err(),
+        "an emit notified while the relay was frozen: {note:?}"
+    );
+    // thawed, it reconnects and publishes
+    signal(pid, "CONT");
+    eventually(PATIENCE, "the thawed relay publishes", || async {
+        published_ids(&ctx.db).await.contains(&id)
+    })
+    .await;
+    signal(pid, "TERM");
+    relay.wait().await;
+    ctx.delete_stream().await;
+}

@@ -122,20 +122,26 @@ async fn start(listener: &mut PgListener) -> sqlx::Result<()> {
 }
 
 /// Forwards notifications until the connection is lost or a statement on it goes unanswered
-/// for [`PING_ANSWER`]; says which.
+/// for [`PING_ANSWER`]; says which. The statement goes every [`PING_EVERY`] whatever arrives
+/// (a notification the server sends is no statement of the client's: the session would count
+/// as idle).
 async fn forward(listener: &mut PgListener, signals: &Signals) -> String {
+    let mut next_ping = tokio::time::Instant::now() + PING_EVERY;
     loop {
-        match timeout(PING_EVERY, listener.try_recv()).await {
-            Ok(Ok(Some(n))) => signals.announced(n.payload()),
+        match tokio::time::timeout_at(next_ping, listener.try_recv()).await {
+            Ok(Ok(Some(n))) => {
+                signals.announced(n.payload());
+                continue;
+            }
             Ok(Ok(None)) => return "the connection closed".into(),
             Ok(Err(e)) => return e.to_string(),
-            Err(_) => {
-                match timeout(PING_ANSWER, sqlx::query("select 1").execute(&mut *listener)).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return e.to_string(),
-                    Err(_) => return format!("no answer within {PING_ANSWER:?}"),
-                }
-            }
+            Err(_) => {}
+        }
+        let ping = sqlx::query("select 1").execute(&mut *listener);
+        match timeout(PING_ANSWER, ping).await {
+            Ok(Ok(_)) => next_ping = tokio::time::Instant::now() + PING_EVERY,
+            Ok(Err(e)) => return e.to_string(),
+            Err(_) => return format!("no answer within {PING_ANSWER:?}"),
         }
     }
 }

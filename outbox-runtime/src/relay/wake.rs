@@ -50,8 +50,21 @@ const CONFIRM_MAX: Duration = Duration::from_millis(100);
 /// lock.
 const RETRY: Duration = Duration::from_millis(500);
 
-const TAKE_NOTIFY: &str = concat!("select pg_try_advisory_lock(", notify_lock!(), ")");
-const LET_NOTIFY_GO: &str = concat!("select pg_advisory_unlock(", notify_lock!(), ")");
+/// Takes the notify lock and, when it did, has the server end the session if it stays idle
+/// for `$1` milliseconds (Postgres 14 and later: the setting does not exist before).
+const TAKE_NOTIFY: &str = concat!(
+    "select case when pg_try_advisory_lock(",
+    notify_lock!(),
+    ") then case when current_setting('server_version_num')::int < 140000 then true",
+    " else set_config('idle_session_timeout', $1, false) is not null end else false end"
+);
+/// Lets the notify lock go, and the session may be idle again (it is kept for the next time).
+const LET_NOTIFY_GO: &str = concat!(
+    "select pg_advisory_unlock(",
+    notify_lock!(),
+    "), case when current_setting('server_version_num')::int < 140000 then true",
+    " else set_config('idle_session_timeout', '0', false) is not null end"
+);
 /// Takes the wake lock and lets it go in one statement: whether it could be taken.
 const CONFIRM: &str = concat!(
     "select case when pg_try_advisory_lock(",
@@ -201,7 +214,9 @@ pub(super) async fn hold(pool: PgPool, waker: std::sync::Arc<Waker>) {
                 }
             },
         };
-        let taken = sqlx::query_scalar::<_, bool>(TAKE_NOTIFY).fetch_one(&mut conn);
+        let taken = sqlx::query_scalar::<_, bool>(TAKE_NOTIFY)
+            .bind(IDLE_SESSION_TIMEOUT.as_millis().to_string())
+            .fetch_one(&mut conn);
         match timeout(IDLE_SESSION_TIMEOUT, taken).await {
             Ok(Ok(true)) => {}
             Ok(Ok(false)) => {
@@ -223,7 +238,8 @@ pub(super) async fn hold(pool: PgPool, waker: std::sync::Arc<Waker>) {
         match waker.hold(&mut conn).await {
             Ended::Unwanted => {
                 waker.set(OFF);
-                match timeout(IDLE_SESSION_TIMEOUT, sqlx::query(LET_NOTIFY_GO).execute(&mut conn)).await {
+                let let_go = sqlx::query(LET_NOTIFY_GO).execute(&mut conn);
+                match timeout(IDLE_SESSION_TIMEOUT, let_go).await {
                     Ok(Ok(_)) => kept = Some(conn),
                     _ => tracing::debug!("outbox relay could not let its notify lock go; its connection is closed instead"),
                 }
@@ -238,22 +254,13 @@ pub(super) async fn hold(pool: PgPool, waker: std::sync::Arc<Waker>) {
     }
 }
 
-/// A connection of its own with the pool's options, which the server ends when it is idle for
-/// [`IDLE_SESSION_TIMEOUT`] (where the server has the setting: Postgres 14 and later).
+/// A connection of its own with the pool's options; while it holds the notify lock, the
+/// server ends it when it is idle for [`IDLE_SESSION_TIMEOUT`] ([`TAKE_NOTIFY`]).
 pub(super) async fn connect(pool: &PgPool) -> sqlx::Result<PgConnection> {
     let options = pool.connect_options().as_ref().clone();
-    let mut conn = timeout(IDLE_SESSION_TIMEOUT, PgConnection::connect_with(&options))
+    timeout(IDLE_SESSION_TIMEOUT, PgConnection::connect_with(&options))
         .await
-        .map_err(|_| sqlx::Error::PoolTimedOut)??;
-    let idle = IDLE_SESSION_TIMEOUT.as_millis().to_string();
-    sqlx::query(
-        "select set_config('idle_session_timeout', $1, false) \
-          where current_setting('server_version_num')::int >= 140000",
-    )
-    .bind(idle)
-    .execute(&mut conn)
-    .await?;
-    Ok(conn)
+        .map_err(|_| sqlx::Error::PoolTimedOut)?
 }
 
 #[cfg(test)]
