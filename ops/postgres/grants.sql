@@ -61,9 +61,10 @@ grant select, delete, update (consumed_at) on outbox_consumed to :"retention_rol
 grant select, insert, update on outbox_dedupe_horizon to :"retention_role";
 
 -- The operator: `outbox status` reads the backlog and the schedule, `outbox unblock` resets
--- the attempts of held rows and drops their schedules, `outbox verify` reads published rows
--- (its --republish sets rows unpublished: run that as the migration role).
+-- the attempts of held rows and makes their subjects' retries due (the relay then publishes
+-- each held row and releases its subject), `outbox verify` reads published rows (its
+-- --republish sets rows unpublished: run that as the migration role).
 grant select, update (attempts) on outbox_events to :"operator_role";
-grant select, delete on outbox_retries to :"operator_role";
+grant select, insert (subject, event_id, retry_at, reason), update (retry_at, reason) on outbox_retries to :"operator_role";
 
 commit;

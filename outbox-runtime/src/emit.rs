@@ -55,6 +55,10 @@ macro_rules! notify_lock {
 }
 pub(crate) use notify_lock;
 
+/// The partition is computed from the bound subject, not read back from the row: a `returning`
+/// that names a column needs `select` on it, which the emitting role does not have
+/// (`ops/postgres/grants.sql`).
+///
 /// The end of both inserts: the notification, sent unless the emit holds [`WAKE_KEY`] shared
 /// and [`NOTIFY_KEY`] is free. The `case` fixes the order: the first lock is held before the
 /// second is looked at. Its payload is the partition of 1024 of the event's subject, so that
@@ -86,7 +90,7 @@ const INSERT: &str = concat!(
     "with inserted as (",
     " insert into outbox_events (id, event_type, source, subject, time, data, created_at)",
     " values ($1, $2, $3, $4, $5, $6, clock_timestamp())",
-    " returning (hashtext(subject) & 2147483647) % 1024 as partition)",
+    " returning (hashtext($4::text) & 2147483647) % 1024 as partition)",
     announced!()
 );
 
@@ -98,7 +102,7 @@ const INSERT: &str = concat!(
     " insert into outbox_events",
     " (id, event_type, source, subject, time, data, created_at, traceparent, tracestate)",
     " values ($1, $2, $3, $4, $5, $6, clock_timestamp(), $7, $8)",
-    " returning (hashtext(subject) & 2147483647) % 1024 as partition)",
+    " returning (hashtext($4::text) & 2147483647) % 1024 as partition)",
     announced!()
 );
 

@@ -14,6 +14,7 @@ mod migrate;
 mod operations;
 mod relay_basic;
 mod relay_faults;
+mod relay_foreign;
 mod relay_poison;
 mod relay_replicas;
 mod relay_wake;

@@ -1,0 +1,235 @@
+//! What another role sharing the database can do to the relay: take its advisory lock keys,
+//! send notifications on its channel, or release a held subject without `outbox unblock`'s
+//! notification. Each delays the relay within a stated bound, and steers nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_runtime::relay::LOCK_NAMESPACE;
+use outbox_runtime::{Relay, RelayConfig, NOTIFY_CHANNEL, NOTIFY_KEY, WAKE_KEY};
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{emit_committed, eventually, open_schemas, raw_event, run_relay};
+use uuid::Uuid;
+
+async fn published(ctx: &Ctx, id: Uuid) -> bool {
+    sqlx::query_scalar("select published_at is not null from outbox_events where id = $1")
+        .bind(id)
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap()
+}
+
+/// How long after its commit each of `n` events, emitted one at a time, was published (the
+/// slowest), and whether the relay made more than `max_claims_per_s` claims a second meanwhile.
+async fn slowest_of(ctx: &Ctx, relay: &Relay, ty: &str, n: usize) -> (Duration, f64) {
+    let schemas = open_schemas(&[ty.to_owned()]);
+    let claims = relay.stats().claims;
+    let started = std::time::Instant::now();
+    let mut slowest = Duration::ZERO;
+    for i in 0..n {
+        let id = emit_committed(
+            ctx.pool(),
+            &schemas,
+            raw_event(ty, "billing", format!("s-{}", i % 3)).numbered(i),
+        )
+        .await;
+        let committed = std::time::Instant::now();
+        eventually(Duration::from_secs(10), "the event published", || async {
+            published(ctx, id).await
+        })
+        .await;
+        slowest = slowest.max(committed.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let per_second = (relay.stats().claims - claims) as f64 / started.elapsed().as_secs_f64();
+    (slowest, per_second)
+}
+
+/// Another role holds one of the relay's lock keys: the notify lock exclusively (emits notify
+/// on every commit) or shared (the relay can never take it), or the wake lock either way (the
+/// relay can never know that emits in flight have ended). The relay's lanes linger, claiming
+/// at most 20 times a second each, and every event still goes out within a claim and a 50 ms
+/// linger of its commit. Nothing another role holds stops the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_holding_the_relays_lock_keys_only_delays_it_within_a_bound() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let ty = ctx.event_type("billing.invoice.paid");
+    let config = RelayConfig {
+        event_types: vec![ty.clone()],
+        poll_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    for (how, key) in [
+        (None, NOTIFY_KEY),
+        (Some("pg_advisory_lock"), NOTIFY_KEY),
+        (Some("pg_advisory_lock_shared"), NOTIFY_KEY),
+        (Some("pg_advisory_lock"), WAKE_KEY),
+        (Some("pg_advisory_lock_shared"), WAKE_KEY),
+    ] {
+        let mut foreign = ctx.pool().acquire().await.unwrap();
+        if let Some(how) = how {
+            sqlx::query(sqlx::AssertSqlSafe(format!("select {how}($1, $2)")))
+                .bind(LOCK_NAMESPACE)
+                .bind(key)
+                .execute(&mut *foreign)
+                .await
+                .unwrap();
+        }
+        let relay = Arc::new(
+            Relay::new(ctx.pool().clone(), ctx.js.clone(), config.clone())
+                .await
+                .unwrap(),
+        );
+        let (stop, running) = run_relay(relay.clone());
+        let (slowest, claims_per_s) = slowest_of(&ctx, &relay, &ty, 8).await;
+        let held = how.map_or("nothing".to_owned(), |how| format!("{how}({key})"));
+        eprintln!(
+            "{held} held by another role: slowest event {slowest:?}, {claims_per_s:.0} claims/s"
+        );
+        assert!(
+            slowest < Duration::from_secs(2),
+            "{held} held by another role: an event waited {slowest:?}"
+        );
+        assert!(
+            claims_per_s < 200.0,
+            "{held} held by another role: {claims_per_s:.0} claims/s, a hot loop"
+        );
+        stop.send(()).unwrap();
+        running.await.unwrap();
+        let _ = foreign.detach();
+    }
+    ctx.delete_stream().await;
+}
+
+/// Notifications on the relay's channel from another role (any role may send them) only wake
+/// it: a flood of them makes it claim, coalesced while a claim runs, and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_notifications_from_another_role_only_makes_the_relay_claim() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let ty = ctx.event_type("billing.invoice.paid");
+    let schemas = open_schemas(std::slice::from_ref(&ty));
+    let relay = Arc::new(
+        Relay::new(ctx.pool().clone(), ctx.js.clone(), RelayConfig::default())
+            .await
+            .unwrap(),
+    );
+    let (stop, running) = run_relay(relay.clone());
+    let id = emit_committed(ctx.pool(), &schemas, raw_event(&ty, "billing", "a").build()).await;
+    eventually(Duration::from_secs(10), "published", || async {
+        published(&ctx, id).await
+    })
+    .await;
+    let claims = relay.stats().claims;
+    let started = std::time::Instant::now();
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        for payload in ["", "release", "relays", "0", "1023"] {
+            sqlx::query("select pg_notify($1, $2)")
+                .bind(NOTIFY_CHANNEL)
+                .bind(payload)
+                .execute(ctx.pool())
+                .await
+                .unwrap();
+            sent += 1;
+        }
+    }
+    let claimed = relay.stats().claims - claims;
+    eprintln!("{sent} notifications made {claimed} claims");
+    assert!(claimed <= sent, "at most a claim per notification");
+    let id = emit_committed(ctx.pool(), &schemas, raw_event(&ty, "billing", "a").build()).await;
+    eventually(
+        Duration::from_secs(10),
+        "published after the flood",
+        || async { published(&ctx, id).await },
+    )
+    .await;
+    assert_eq!(relay.stats().published, 2);
+    assert_eq!(relay.stats().failed, 0);
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    ctx.delete_stream().await;
+}
+
+/// A held subject released without `outbox unblock`'s notification (its schedule made due by
+/// hand, or the notification lost while the relay's listener reconnected): the relay's lanes
+/// wake for their sweep once a second and find it due; its held row goes out first, then the
+/// rows behind it, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_notification_is_lost_is_published_within_seconds_in_order() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let ty = ctx.event_type("billing.invoice.paid");
+    // outside the test's prefix: the test's stream does not capture it
+    let nowhere = format!("{}.held.row.changed", outbox_testkit::unique_token());
+    let schemas = open_schemas(std::slice::from_ref(&ty));
+    let config = RelayConfig {
+        poll_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let relay = Arc::new(
+        Relay::new(ctx.pool().clone(), ctx.js.clone(), config)
+            .await
+            .unwrap(),
+    );
+    let (stop, running) = run_relay(relay.clone());
+    // a head of a type no stream captures is held, and an event of the subject waits behind it
+    let head = Uuid::now_v7();
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+         values ($1, $2, 'billing', 'S', now(), '{}', clock_timestamp())",
+    )
+    .bind(head)
+    .bind(&nowhere)
+    .execute(ctx.pool())
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(20), "the head held", || async {
+        sqlx::query_scalar::<_, bool>(
+            "select exists (select 1 from outbox_retries where event_id = $1 and retry_at is null)",
+        )
+        .bind(head)
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap()
+    })
+    .await;
+    let behind = emit_committed(ctx.pool(), &schemas, raw_event(&ty, "billing", "S").build()).await;
+    // a stream now captures the head's type; the release comes with no notification
+    outbox_runtime::StreamSpec {
+        name: format!("{}_HELD", ctx.stream_name()),
+        subjects: vec![nowhere.clone()],
+        ..ctx.stream_spec()
+    }
+    .ensure(&ctx.js)
+    .await
+    .unwrap();
+    sqlx::query("update outbox_retries set retry_at = now() where event_id = $1")
+        .bind(head)
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let released = std::time::Instant::now();
+    eventually(Duration::from_secs(10), "both published", || async {
+        published(&ctx, head).await && published(&ctx, behind).await
+    })
+    .await;
+    let took = released.elapsed();
+    eprintln!("published {took:?} after the silent release");
+    let order: Vec<Uuid> = sqlx::query_scalar(
+        "select id from outbox_events where subject = 'S' order by published_at, id",
+    )
+    .fetch_all(ctx.pool())
+    .await
+    .unwrap();
+    assert_eq!(order, [head, behind], "the head first");
+    assert!(took < Duration::from_secs(5), "the release waited {took:?}");
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    ctx.js
+        .delete_stream(format!("{}_HELD", ctx.stream_name()))
+        .await
+        .unwrap();
+    ctx.delete_stream().await;
+}
