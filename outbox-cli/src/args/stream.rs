@@ -32,6 +32,10 @@ pub struct EnsureArgs {
     /// can lose acknowledged messages in a crash).
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
+    /// Print, after the check, the permissions the relay's NATS user needs to publish into
+    /// this stream (a `permissions` block for the server's configuration).
+    #[arg(long)]
+    pub print_permissions: bool,
 }
 
 #[derive(Debug, Args)]

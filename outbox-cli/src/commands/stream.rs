@@ -12,6 +12,9 @@ use crate::error::Result;
 pub async fn ensure(args: EnsureArgs) -> Result<ExitCode> {
     let event_types = renamed(args.event_types, args.subject, "event-type", "subject");
     let js = connect::jetstream(&args.nats).await?;
+    let permissions = args
+        .print_permissions
+        .then(|| outbox_runtime::RelayPermissions::new(&args.name, event_types.clone()));
     let spec = StreamSpec {
         name: args.name,
         subjects: event_types,
@@ -35,6 +38,13 @@ pub async fn ensure(args: EnsureArgs) -> Result<ExitCode> {
     );
     if let Some(warning) = outbox_runtime::durability_warning(&info.config) {
         eprintln!("warning: {warning}");
+    }
+    if let Some(permissions) = permissions {
+        println!(
+            "# the relay's NATS user: publish into {} and nothing else",
+            info.config.name
+        );
+        println!("{permissions}");
     }
     Ok(ExitCode::SUCCESS)
 }

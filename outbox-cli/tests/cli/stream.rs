@@ -154,3 +154,39 @@ async fn stream_ensure_creates_a_replicated_stream_on_a_cluster_and_refuses_an_u
         out.stderr
     );
 }
+
+/// `stream ensure --print-permissions` prints, after its check, the permissions block of the
+/// relay's NATS user: `RelayPermissions` for the stream and its event types (tested against a
+/// server in the e2e suite, `relay_foreign`).
+#[tokio::test]
+async fn stream_ensure_prints_the_relays_permissions() {
+    let ctx = Ctx::new().await;
+    let stream = ctx.stream_name();
+    let captures = format!("{}.>", ctx.prefix);
+    let out = run([
+        "stream",
+        "ensure",
+        "--nats-url",
+        &nats_url(),
+        "--name",
+        &stream,
+        "--event-type",
+        &captures,
+        "--memory",
+        "--print-permissions",
+    ])
+    .await;
+    out.expect_code(0);
+    let expected = outbox_runtime::RelayPermissions::new(&stream, [captures.clone()]).to_string();
+    assert!(
+        out.stdout.contains(&expected),
+        "the permissions block:\n{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(&format!("\"{captures}\"")),
+        "{}",
+        out.stdout
+    );
+    ctx.delete_stream().await;
+}

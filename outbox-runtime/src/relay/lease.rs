@@ -63,7 +63,11 @@ struct Echo {
 
 impl Echo {
     fn new(client: async_nats::Client) -> Echo {
-        let subject = async_nats::Subject::from(format!("{}.outbox-relay", client.new_inbox()));
+        let subject = async_nats::Subject::from(format!(
+            "{}.{}",
+            crate::permissions::ECHO_PREFIX,
+            Uuid::new_v4().simple()
+        ));
         Echo {
             client,
             subject,

@@ -233,3 +233,124 @@ async fn a_release_whose_notification_is_lost_is_published_within_seconds_in_ord
         .unwrap();
     ctx.delete_stream().await;
 }
+
+/// The relay's NATS user with exactly the permissions `RelayPermissions` gives (what `outbox
+/// stream ensure --print-permissions` prints) publishes and holds as a relay does, on a private
+/// server; it can publish nothing else, so a row written by another role with another event
+/// type cannot reach another subject through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_user_with_the_printed_permissions_publishes_and_nothing_else() {
+    let token = outbox_testkit::unique_token();
+    let stream = format!("PERM_{token}");
+    let event_types = format!("{token}.>");
+    let permissions = outbox_runtime::RelayPermissions::new(&stream, [event_types.clone()]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("nats.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "authorization {{\n  users = [\n    {{ user: \"admin\", password: \"admin\" }}\n    {{ user: \"relay\", password: \"relay\", {permissions} }}\n  ]\n}}\n"
+        ),
+    )
+    .unwrap();
+    let server = outbox_testkit::NatsServer::spawn_config(outbox_testkit::NatsServerConfig {
+        args: vec!["-c".into(), config.display().to_string()],
+        ..Default::default()
+    })
+    .await;
+    let admin = outbox_runtime::connect::nats(
+        &server.url(),
+        &outbox_runtime::connect::NatsAuth::new().user_and_password("admin", "admin"),
+        async_nats::ConnectOptions::new(),
+    )
+    .await
+    .expect("the admin logs in");
+    let admin_js = async_nats::jetstream::new(admin);
+    outbox_runtime::StreamSpec {
+        name: stream.clone(),
+        subjects: vec![event_types.clone()],
+        ..Default::default()
+    }
+    .ensure(&admin_js)
+    .await
+    .unwrap();
+
+    let db = outbox_testkit::TestDb::new().await;
+    let ty = format!("{token}.invoice.paid");
+    let elsewhere = format!("{}.invoice.paid", outbox_testkit::unique_token());
+    let relay = Arc::new(
+        Relay::connect_with(
+            &db.url(),
+            &server.url(),
+            &outbox_runtime::connect::NatsAuth::new().user_and_password("relay", "relay"),
+            RelayConfig {
+                event_types: vec![ty.clone()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the relay starts with its permissions"),
+    );
+    let (stop, running) = run_relay(relay.clone());
+    let schemas = open_schemas(&[ty.clone(), elsewhere.clone()]);
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        ids.push(
+            emit_committed(
+                &db.pool,
+                &schemas,
+                raw_event(&ty, "billing", format!("s-{}", n % 4)).numbered(n),
+            )
+            .await,
+        );
+    }
+    // a row of a type outside the relay's permissions, written by another role
+    let outside = emit_committed(
+        &db.pool,
+        &schemas,
+        raw_event(&elsewhere, "billing", "x").build(),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "the relay's events published",
+        || async {
+            let n: i64 = sqlx::query_scalar(
+            "select count(*) from outbox_events where published_at is not null and id = any($1)",
+        )
+        .bind(&ids)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+            n == ids.len() as i64
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !sqlx::query_scalar::<_, bool>(
+            "select published_at is not null from outbox_events where id = $1"
+        )
+        .bind(outside)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap(),
+        "a row of another subject space went out through the relay's user"
+    );
+    assert!(
+        relay.health().holds_lease,
+        "its round trips through the server work"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    let stored = admin_js
+        .get_stream(&stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(stored, ids.len() as u64);
+}
