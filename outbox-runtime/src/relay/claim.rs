@@ -348,11 +348,10 @@ async fn settings(tx: &mut Tx, relay: &Relay, sample: bool) -> Result<Start> {
     .await?;
     let get = |e| OUTBOX_RETRIES.error(e);
     let sample = if sample {
-        let keys: Vec<String> = row.try_get("running").map_err(get)?;
-        let xids: Vec<Option<String>> = row.try_get("running_xids").map_err(get)?;
+        let running: Vec<String> = row.try_get("running").map_err(get)?;
         Some(Sample {
             at: row.try_get::<Option<Stamp>, _>("sampled_at").map_err(get)?,
-            running: keys.into_iter().zip(xids).collect(),
+            running: running.iter().map(|r| super::horizon::running(r)).collect(),
             prepared: row.try_get("prepared").map_err(get)?,
         })
     } else {

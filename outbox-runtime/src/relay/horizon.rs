@@ -33,6 +33,16 @@ pub(super) struct Sample {
     pub(super) prepared: Vec<String>,
 }
 
+/// A running transaction as [`SETTINGS`](super::sql::SETTINGS) reads it, `pid:vxid:xid` (the
+/// last part empty without a transaction id): its key (`pid:vxid`) and its transaction id.
+pub(super) fn running(text: &str) -> (String, Option<String>) {
+    match text.rsplit_once(':') {
+        Some((key, "")) => (key.to_owned(), None),
+        Some((key, xid)) => (key.to_owned(), Some(xid.to_owned())),
+        None => (text.to_owned(), None),
+    }
+}
+
 /// The relay's record of the running transactions over its samples.
 #[derive(Debug, Default)]
 pub(super) struct Horizon {
@@ -228,6 +238,15 @@ mod tests {
             safe(&fresh),
             None,
             "prepared before the relay looked: unknown"
+        );
+    }
+
+    #[test]
+    fn a_running_transaction_reads_as_its_key_and_its_id() {
+        assert_eq!(running("12:3/4:"), ("12:3/4".to_owned(), None));
+        assert_eq!(
+            running("12:3/4:900"),
+            ("12:3/4".to_owned(), Some("900".to_owned()))
         );
     }
 

@@ -95,8 +95,9 @@ macro_rules! from {
 /// retry is due now and when the next one comes due (seconds from now, on the database's
 /// clock); and, when `$3`, a sample of the transactions running on the database for the
 /// horizon ([`Horizon`](super::horizon::Horizon)): the statement's instant (taken before the
-/// locks are read), each running transaction's backend and virtual id with its transaction id,
-/// and the prepared transactions' ids. `pg_locks`, `pg_stat_activity`'s `datname` and
+/// locks are read), each running transaction as `pid:virtual id:transaction id` (the last empty
+/// while it has none; one read of the locks, so that each id stays with its transaction), and
+/// the prepared transactions' ids. `pg_locks`, `pg_stat_activity`'s `datname` and
 /// `backend_xid` and `pg_prepared_xacts` are readable by every role. `$1`: statement and lock
 /// timeout, `$2`: idle-in-transaction timeout, both in milliseconds.
 pub(super) const SETTINGS: &str = "\
@@ -111,17 +112,10 @@ select set_config('synchronous_commit', 'off', true),
        extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry,
        case when $3 then statement_timestamp() end as sampled_at,
        case when $3 then array(
-         select l.pid::text || ':' || l.virtualtransaction
+         select l.pid::text || ':' || l.virtualtransaction || ':' || coalesce(a.backend_xid::text, '')
            from pg_locks l join pg_stat_activity a on a.pid = l.pid
           where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
-            and a.datname = current_database()
-          order by l.pid) end as running,
-       case when $3 then array(
-         select a.backend_xid::text
-           from pg_locks l join pg_stat_activity a on a.pid = l.pid
-          where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
-            and a.datname = current_database()
-          order by l.pid) end as running_xids,
+            and a.datname = current_database()) end as running,
        case when $3 then array(
          select p.transaction::text from pg_prepared_xacts p
           where p.database = current_database()) end as prepared";
