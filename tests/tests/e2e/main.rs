@@ -13,6 +13,7 @@ mod consumer_order;
 mod migrate;
 mod operations;
 mod relay_basic;
+mod relay_cursor;
 mod relay_faults;
 mod relay_foreign;
 mod relay_poison;
