@@ -38,6 +38,15 @@ pub enum CliError {
     /// A report could not be written as JSON.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    /// A file the command writes could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A flag that must be a duration is not one.
     #[error("--{flag} must be a non-negative number of {unit}, got {value}")]
     NotADuration {

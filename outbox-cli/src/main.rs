@@ -16,7 +16,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use args::{Cli, Command, StreamCommand};
-use commands::{check, gen, lock, migrate, prune, relay, status, stream, tail, unblock, verify};
+use commands::{
+    asyncapi, check, gen, lock, migrate, prune, relay, status, stream, tail, unblock, verify,
+};
 use error::Result;
 
 fn main() -> ExitCode {
@@ -59,6 +61,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Check(args) => Ok(check::run(&args)),
         Command::Lock(args) => Ok(lock::run(&args)),
         Command::Gen(args) => gen::run(args),
+        Command::Asyncapi(args) => asyncapi::run(args),
         Command::Tail(args) => tail::run(args).await,
         Command::Unblock(args) => unblock::run(args).await,
         Command::Prune(args) => prune::run(args).await,

@@ -10,6 +10,7 @@
 
 mod support;
 
+mod asyncapi;
 mod check;
 mod connection;
 mod gen;
