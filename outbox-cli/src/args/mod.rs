@@ -25,6 +25,25 @@ use crate::error::{CliError, Result};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as plain text, or as one JSON object a line (for a log pipeline).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "OUTBOX_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Plain lines (coloured on a terminal).
+    Text,
+    /// One JSON object a line: `timestamp`, `level`, `target`, `fields` (with `message`), and
+    /// the current `span`.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
