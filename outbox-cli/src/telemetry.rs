@@ -1,6 +1,6 @@
 //! The command's logs (plain text or JSON lines on stderr) and, for `outbox relay`, its
 //! OpenTelemetry export: spans and metrics over OTLP/HTTP with protobuf, configured by the
-//! standard `OTEL_*` variables (docs/operations.md, *Deployment*).
+//! standard `OTEL_*` variables (docs/operations.md, *Deploying the relay process*).
 //!
 //! Export is on when `OTEL_EXPORTER_OTLP_ENDPOINT` (or a signal's own
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`) is set, and
@@ -159,7 +159,7 @@ impl Signals {
     fn from(var: impl Fn(&str) -> Option<String>) -> Result<Signals> {
         let refuse = |name: &str, value: &str, why: &str| {
             Err(CliError::Telemetry(format!(
-                "{name}={value}: {why} (docs/operations.md, Deployment)"
+                "{name}={value}: {why} (docs/operations.md, Deploying the relay process)"
             )))
         };
         if var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {

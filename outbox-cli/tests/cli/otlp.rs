@@ -190,7 +190,13 @@ async fn relay_sends_publish_spans_in_the_emits_trace_and_metrics_over_otlp_and_
         ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
     ];
     let (url, nats) = (db_url(&ctx.db), nats_url());
-    let args = relay_args(&url, &nats, &["--log-format", "json"]);
+    // with Prometheus too: each metric goes to both
+    let addr = format!("127.0.0.1:{}", outbox_testkit::free_port());
+    let args = relay_args(
+        &url,
+        &nats,
+        &["--log-format", "json", "--metrics-addr", &addr],
+    );
     let mut relay = Running::spawn_with_env(args, &env);
     eventually(PATIENCE, "the relay to publish both events", || async {
         ctx.db.unpublished().await == 0
@@ -208,6 +214,18 @@ async fn relay_sends_publish_spans_in_the_emits_trace_and_metrics_over_otlp_and_
         },
     )
     .await;
+    let scraped = tokio::process::Command::new("curl")
+        .args(["-s", "-m", "5", &format!("http://{addr}/metrics")])
+        .output()
+        .await
+        .expect("run curl");
+    let scraped = String::from_utf8_lossy(&scraped.stdout);
+    assert!(
+        scraped.contains(&format!(
+            "outbox_events_published_total{{event_type=\"{event_type}\"}} 2"
+        )),
+        "Prometheus has the counter too:\n{scraped}"
+    );
     relay.terminate();
     assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
 
