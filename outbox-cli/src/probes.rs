@@ -3,8 +3,9 @@
 //!
 //! - `/healthz` answers 200 while the process and its relay loop are alive: starting (before
 //!   the relay has connected), running, or finishing its batches after SIGTERM. It does not
-//!   depend on Postgres or NATS, so an outage never gets the process restarted; 503 only if the
-//!   relay loop ended while the process goes on.
+//!   depend on Postgres or NATS, so an outage never gets the process restarted. The relay loop
+//!   ends only after the signal, and the process with it, so the answer is the runtime's: a
+//!   process whose runtime no longer serves requests fails the probe by not answering.
 //! - `/readyz` answers 200 when [`RelayHealth::is_ready`]: running, Postgres and NATS
 //!   reachable, no lane stalled. A relay standing by (another holds the lease) that could take
 //!   over is ready. 503 while starting, after SIGTERM, and otherwise when not ready.
@@ -55,11 +56,13 @@ impl Probes {
     /// `/healthz`: its status code and body.
     fn liveness(&self) -> (StatusCode, serde_json::Value) {
         let stopping = self.stopping.load(Ordering::Relaxed);
+        // `Relay::run` returns only after the signal, and the process exits then: a relay that
+        // has connected but is not running yet is starting
         match self.health() {
             None => (StatusCode::OK, json!({ "status": "starting" })),
             Some(_) if stopping => (StatusCode::OK, json!({ "status": "stopping" })),
             Some(h) if h.running => (StatusCode::OK, body("alive", &h)),
-            Some(h) => (StatusCode::SERVICE_UNAVAILABLE, body("not running", &h)),
+            Some(h) => (StatusCode::OK, body("starting", &h)),
         }
     }
 
