@@ -38,6 +38,27 @@ pub enum CliError {
     /// A report could not be written as JSON.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    /// The OpenTelemetry export could not be set up as the `OTEL_*` variables ask.
+    #[error("{0}")]
+    Telemetry(String),
+    /// The metrics and probes listener could not be set up.
+    #[error("cannot serve metrics and probes on {addr}: {source}")]
+    Listen {
+        /// The address of --metrics-addr.
+        addr: SocketAddr,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file the command writes could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A flag that must be a duration is not one.
     #[error("--{flag} must be a non-negative number of {unit}, got {value}")]
     NotADuration {

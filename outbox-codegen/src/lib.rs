@@ -174,6 +174,13 @@
 //! [`Config::generate`] returns the Rust without writing it (`outbox gen` prints it), and
 //! [`schema::load_event`] / [`schema::load_dir`] load and check schemas for other tools (the
 //! derive uses them).
+//!
+//! # For consumers in other languages
+//!
+//! [`AsyncApi`] writes an AsyncAPI 3.0 document of the folder (`outbox asyncapi`): the
+//! subjects, the CloudEvents envelope and its headers, each event's resolved schema, and the
+//! rules a consumer must follow. See [`asyncapi`].
+pub mod asyncapi;
 mod config;
 mod decorate;
 pub mod evolution;
@@ -189,6 +196,7 @@ pub mod schema {
     pub use outbox_schema::{load_dir, load_event, schema_files, EventSchema};
 }
 
+pub use asyncapi::AsyncApi;
 pub use config::{check, compile, Checked, Config, Locked, LockedStatus};
 pub use error::{Error, Result};
 pub use output::DEFAULT_OUT_FILE;

@@ -138,7 +138,7 @@ pub struct RawEvent {
 /// # use outbox_runtime::{EmitExt, OutboxEvent};
 /// # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 /// # #[outbox(event_type = "billing.subscription.cancelled", subject = "subscription_id",
-/// #          schema = "../schemas/events/billing.subscription.cancelled.schema.json")]
+/// #          schema = "schemas/events/billing.subscription.cancelled.schema.json")]
 /// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: String, effective: String,
 /// #   cancelled_at: chrono::DateTime<chrono::Utc> }
 /// # async fn handler(pool: sqlx::PgPool, id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {

@@ -16,7 +16,7 @@ use serde::{de::DeserializeOwned, Serialize};
 /// #[outbox(
 ///     event_type = "billing.subscription.created",
 ///     subject = "subscription_id",
-///     schema = "../schemas/events/billing.subscription.created.schema.json",
+///     schema = "schemas/events/billing.subscription.created.schema.json",
 /// )]
 /// pub struct Created {
 ///     pub subscription_id: uuid::Uuid,

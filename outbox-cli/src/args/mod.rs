@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 pub use connection::{DbArgs, NatsArgs};
 pub use relay::RelayArgs;
 pub use rows::{PruneArgs, StatusArgs, UnblockArgs, VerifyArgs};
-pub use schemas::{CheckArgs, GateArgs, GenArgs, LockArgs};
+pub use schemas::{AsyncApiArgs, CheckArgs, GateArgs, GenArgs, LockArgs};
 pub use stream::{EnsureArgs, TailArgs};
 
 use crate::error::{CliError, Result};
@@ -25,6 +25,25 @@ use crate::error::{CliError, Result};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as plain text, or as one JSON object a line (for a log pipeline).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "OUTBOX_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Plain lines (coloured on a terminal).
+    Text,
+    /// One JSON object a line: `timestamp`, `level`, `target`, `fields` (with `message`), and
+    /// the current `span`.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -56,6 +75,13 @@ pub enum Command {
     Lock(LockArgs),
     /// Print the Rust the build script would generate for a schemas folder.
     Gen(GenArgs),
+    /// Write the AsyncAPI 3.0 document of a schemas folder, for consumers in any language.
+    ///
+    /// One channel per event type (the NATS subject), on the stream's server; one message per
+    /// type: the CloudEvents envelope, its headers and the event's schema, `$ref`s resolved as
+    /// the build resolves them; the subject and the rules consumers must follow (dedupe on the
+    /// id, order per subject) as descriptions. The same schemas give the same bytes.
+    Asyncapi(AsyncApiArgs),
     /// Follow events on the stream and print their envelopes.
     Tail(TailArgs),
     /// Let capped rows publish again (attempts reset to 0, same id).

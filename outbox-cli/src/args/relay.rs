@@ -32,7 +32,8 @@ pub struct RelayArgs {
     /// Deadline for a batch's acks, in seconds.
     #[arg(long, default_value_t = RelayConfig::default().ack_timeout.as_secs_f64())]
     pub ack_timeout: f64,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9187).
+    /// Serve /metrics (Prometheus), /healthz (liveness) and /readyz (readiness) on this
+    /// address (e.g. 127.0.0.1:9187).
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Event types the relay must be able to publish: at start it checks that a stream

@@ -65,3 +65,31 @@ fn type_mode(s: &str) -> std::result::Result<(String, Mode), String> {
     })?;
     Ok((event_type.to_owned(), mode.parse()?))
 }
+
+#[derive(Debug, Args)]
+pub struct AsyncApiArgs {
+    /// The schemas folder.
+    #[arg(default_value = "schemas/events")]
+    pub dir: PathBuf,
+    /// The service name (the envelopes' `source`, as the build script sets it).
+    #[arg(long, default_value = "service")]
+    pub source: String,
+    /// The JetStream stream that stores the events (e.g. BILLING).
+    #[arg(long)]
+    pub stream: String,
+    /// The NATS server consumers connect to, as host[:port].
+    #[arg(long, default_value = "localhost:4222")]
+    pub server: String,
+    /// The document's title [default: "<source> events"].
+    #[arg(long)]
+    pub title: Option<String>,
+    /// The version of the contract the document describes (its `info.version`).
+    #[arg(long, default_value = "1.0.0")]
+    pub api_version: String,
+    /// Event types this service only consumes (NATS-style patterns, repeatable): left out.
+    #[arg(long)]
+    pub consumes: Vec<String>,
+    /// Write the document to this file instead of stdout.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+}

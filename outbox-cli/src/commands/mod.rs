@@ -1,5 +1,6 @@
 //! The subcommands' work, one file each; `crate::run` picks one.
 
+pub mod asyncapi;
 pub mod check;
 pub mod gen;
 pub mod lock;

@@ -1,7 +1,16 @@
-//! `outbox relay`: run the relay until SIGINT or SIGTERM, with metrics and a progress line.
+//! `outbox relay`: run the relay until SIGINT or SIGTERM, with metrics, probes, a progress
+//! line, and spans and metrics over OTLP when the `OTEL_*` variables ask for them.
+//!
+//! On SIGTERM (or SIGINT) it stops claiming, finishes the batches in progress and gives the
+//! relay lease up: within `ack_timeout + 20 s` ([`SHUTDOWN_GRACE`]), after which it exits 1
+//! without waiting further (the rows of an unfinished batch stay unpublished and go out
+//! again later, as after a crash). Sending what the exporters hold takes at most 5 s more
+//! ([`FLUSH_TIMEOUT`](crate::telemetry::FLUSH_TIMEOUT)), so the process ends within
+//! `ack_timeout + 25 s` of the signal: 30 s with the defaults.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
@@ -9,9 +18,17 @@ use outbox_runtime::{Relay, RelayConfig};
 
 use crate::args::{renamed, secs, RelayArgs};
 use crate::error::{CliError, Result};
+use crate::probes::{self, Probes};
+use crate::recorder::Recorders;
+use crate::telemetry::Telemetry;
 use crate::{connect, render};
 
-pub async fn run(args: RelayArgs) -> Result<ExitCode> {
+/// How long the relay has, beyond `ack_timeout`, to stop after the signal: `Relay::run`
+/// finishes its batches within `ack_timeout + 15 s` (docs/relay.md, *Failures*), then waits
+/// at most 5 s for the relay lease to be given up.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+pub async fn run(args: RelayArgs, telemetry: &Telemetry) -> Result<ExitCode> {
     let config = RelayConfig {
         batch_size: args.batch_size,
         lanes: args.lanes,
@@ -23,27 +40,62 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
         event_types: renamed(args.event_types, args.subject, "event-type", "subject"),
         ..RelayConfig::default()
     };
-    if let Some(addr) = args.metrics_addr {
-        prometheus_builder()
-            .and_then(|builder| builder.with_http_listener(addr).install())
-            .map_err(|source| CliError::Metrics { addr, source })?;
-        tracing::info!(%addr, "serving Prometheus metrics");
+    let probes = Arc::new(Probes::default());
+    let prometheus = match args.metrics_addr {
+        Some(addr) => {
+            let recorder = prometheus_builder()
+                .map_err(|source| CliError::Metrics { addr, source })?
+                .build_recorder();
+            probes::serve(addr, recorder.handle(), probes.clone()).await?;
+            tracing::info!(%addr, "serving /metrics (Prometheus), /healthz and /readyz");
+            Some(recorder)
+        }
+        None => None,
+    };
+    let recorders = Recorders {
+        prometheus,
+        #[cfg(feature = "opentelemetry")]
+        otel: telemetry
+            .meter()
+            .map(crate::recorder::otel::OtelRecorder::new),
+    };
+    recorders.install();
+    if telemetry.exports_traces() {
+        tracing::info!("sending the publish spans over OTLP");
     }
+    let bound = config.ack_timeout + SHUTDOWN_GRACE;
     let signal = shutdown_signal();
     let (database_url, nats_url) = (&args.db.database_url, &args.nats.nats_url);
     let auth = connect::nats_auth(&args.nats);
     let relay = Relay::connect_with(database_url, nats_url, &auth, config)
         .await
         .map_err(|e| CliError::relay_start(database_url, nats_url, e))?;
+    let relay = Arc::new(relay);
+    probes.started(relay.clone());
+    let signalled = tokio::sync::Notify::new();
     let shutdown = async {
         signal.await;
-        tracing::info!("stopping: finishing the batch in progress");
+        probes.stopping();
+        signalled.notify_one();
+        tracing::info!(?bound, "stopping: finishing the batch in progress");
+    };
+    // past the bound the process exits without the relay's word: what a crash would leave
+    let deadline = async {
+        signalled.notified().await;
+        tokio::time::sleep(bound).await;
     };
     tokio::select! {
         result = relay.run(shutdown) => result?,
         _ = progress(&relay) => {}
+        () = deadline => {
+            tracing::error!(?bound, "the relay did not stop in time; exiting: the rows of its unfinished batches stay unpublished and go out again later");
+            return Ok(ExitCode::from(1));
+        }
     }
-    eprintln!();
+    if std::io::stderr().is_terminal() {
+        // ends the progress line
+        eprintln!();
+    }
     tracing::info!("relay stopped cleanly");
     Ok(ExitCode::SUCCESS)
 }
@@ -122,7 +174,13 @@ async fn progress(relay: &Relay) {
         if tty {
             eprint!("\r{line}");
         } else {
-            tracing::info!("{line}");
+            tracing::info!(
+                published_per_second = rate,
+                backlog = s.unpublished,
+                oldest_unpublished_seconds = s.oldest_unpublished_age.map(|a| a.as_secs_f64()),
+                at_cap = s.at_cap,
+                "{line}"
+            );
         }
     }
 }

@@ -17,7 +17,8 @@ async fn help_works_on_every_subcommand() {
         .filter(|c| c != "help")
         .collect();
     for expected in [
-        "migrate", "relay", "status", "check", "lock", "gen", "tail", "unblock", "prune", "stream",
+        "migrate", "relay", "status", "check", "lock", "gen", "asyncapi", "tail", "unblock",
+        "prune", "stream",
     ] {
         assert!(
             commands.iter().any(|c| c == expected),

@@ -35,8 +35,15 @@ pub fn outbox() -> Command {
         "NATS_TOKEN",
         "OUTBOX_LOG",
         "CARGO_MANIFEST_DIR",
+        "OUTBOX_LOG_FORMAT",
     ] {
         cmd.env_remove(var);
+    }
+    // and no OpenTelemetry settings of the machine's
+    for (var, _) in std::env::vars_os() {
+        if var.to_string_lossy().starts_with("OTEL_") {
+            cmd.env_remove(var);
+        }
     }
     cmd.stdin(Stdio::null());
     cmd
@@ -148,8 +155,18 @@ impl Running {
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
     {
+        Running::spawn_with_env(args, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with the environment variables `env` set.
+    pub fn spawn_with_env<I, S>(args: I, env: &[(&str, &str)]) -> Running
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
         let mut child = outbox()
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -35,7 +35,7 @@ impl Rejection {
 /// ```
 /// # #[derive(Debug, serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 /// # #[outbox(event_type = "billing.subscription.cancelled", subject = "subscription_id",
-/// #          schema = "../schemas/events/billing.subscription.cancelled.schema.json")]
+/// #          schema = "schemas/events/billing.subscription.cancelled.schema.json")]
 /// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: String, effective: String,
 /// #   cancelled_at: chrono::DateTime<chrono::Utc> }
 /// use outbox_runtime::consumer::decode;

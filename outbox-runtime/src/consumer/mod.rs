@@ -155,7 +155,7 @@ impl<E> Delivery<E> {
 ///
 /// # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 /// # #[outbox(event_type = "billing.subscription.cancelled", subject = "subscription_id",
-/// #          schema = "../schemas/events/billing.subscription.cancelled.schema.json")]
+/// #          schema = "schemas/events/billing.subscription.cancelled.schema.json")]
 /// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: String, effective: String,
 /// #   cancelled_at: chrono::DateTime<chrono::Utc> }
 /// struct RecordChurn;
@@ -190,7 +190,7 @@ pub trait Handler<E>: Send + Sync + 'static {
 /// # use outbox_runtime::consumer::{Consumer, ConsumerConfig, Delivery, Handler, HandlerError};
 /// # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 /// # #[outbox(event_type = "billing.subscription.cancelled", subject = "subscription_id",
-/// #          schema = "../schemas/events/billing.subscription.cancelled.schema.json")]
+/// #          schema = "schemas/events/billing.subscription.cancelled.schema.json")]
 /// # struct SubscriptionCancelled { subscription_id: uuid::Uuid, reason: String, effective: String,
 /// #   cancelled_at: chrono::DateTime<chrono::Utc> }
 /// # struct RecordChurn;

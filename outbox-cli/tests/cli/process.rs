@@ -1,0 +1,202 @@
+//! `outbox relay` as a process an orchestrator runs: `/healthz` and `/readyz` answer curl,
+//! and `/readyz` turns unready while its private nats-server is down and ready again after;
+//! SIGTERM with a batch waiting for acks ends the process within its stated bound, and nothing
+//! is lost. (`otlp` has the exporters and the JSON log lines.)
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use outbox_testkit::suite::Ctx;
+use outbox_testkit::{eventually, free_port, NatsServer};
+use uuid::Uuid;
+
+use crate::support::{db_url, relay_args, signal, Running, PATIENCE};
+
+/// `curl -s -w '\n%{http_code}' http://<addr><path>`: the status code and the body.
+async fn curl(addr: &str, path: &str) -> (u16, String) {
+    let url = format!("http://{addr}{path}");
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "-m", "5", "-w", "\n%{http_code}", &url])
+        .output()
+        .await
+        .expect("run curl (Debian: apt-get install curl)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "000"));
+    (code.parse().unwrap_or(0), body.to_owned())
+}
+
+/// Asks `/readyz` until it answers `want`; what it answered last.
+async fn readyz_until(addr: &str, want: u16, what: &str) -> (u16, String) {
+    let last = Mutex::new((0, String::new()));
+    eventually(PATIENCE, what, || async {
+        let answer = curl(addr, "/readyz").await;
+        let done = answer.0 == want;
+        *last.lock().unwrap() = answer;
+        done
+    })
+    .await;
+    last.into_inner().unwrap()
+}
+
+#[tokio::test]
+async fn readyz_turns_unready_while_the_broker_is_down_and_ready_after_while_healthz_stays_up() {
+    let ctx = Ctx::new().await;
+    let mut broker = NatsServer::spawn().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let url = db_url(&ctx.db);
+    let relay = Running::spawn(relay_args(&url, &broker.url(), &["--metrics-addr", &addr]));
+    let (_, body) = readyz_until(&addr, 200, "/readyz to answer 200").await;
+    let ready: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+    assert_eq!(ready["status"], "ready");
+    assert_eq!(ready["nats_reachable"], true);
+    assert_eq!(ready["postgres_reachable"], true);
+    assert_eq!(
+        ready["holds_lease"], true,
+        "the only relay of its table publishes"
+    );
+    let (code, alive) = curl(&addr, "/healthz").await;
+    assert_eq!(code, 200, "{alive}");
+    assert!(alive.contains("\"status\":\"alive\""), "{alive}");
+    let (code, metrics) = curl(&addr, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(metrics.contains("outbox_relay_lease_held"), "{metrics}");
+    assert_eq!(curl(&addr, "/nothing").await.0, 404);
+
+    broker.stop();
+    let (_, body) = readyz_until(&addr, 503, "/readyz to answer 503 with the broker down").await;
+    let down: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
+    assert_eq!(down["status"], "not ready");
+    assert_eq!(down["nats_reachable"], false, "{down}");
+    assert_eq!(down["running"], true, "{down}");
+    let (code, alive) = curl(&addr, "/healthz").await;
+    assert_eq!(code, 200, "an outage is no reason to restart: {alive}");
+
+    broker.start().await;
+    let (_, body) = readyz_until(&addr, 200, "/readyz to answer 200 once the broker is back").await;
+    assert!(body.contains("\"nats_reachable\":true"), "{body}");
+    drop(relay);
+}
+
+/// Whether a session of the test's database is idle in a transaction holding row locks on
+/// `outbox_events`: the relay's batch, its rows claimed, waiting for their acks.
+async fn batch_in_flight(ctx: &Ctx) -> bool {
+    sqlx::query_scalar::<_, i64>(
+        "select count(*) from pg_stat_activity a join pg_locks l on l.pid = a.pid \
+          where a.datname = current_database() and a.state = 'idle in transaction' \
+            and l.relation = 'outbox_events'::regclass and l.mode = 'RowShareLock'",
+    )
+    .fetch_one(ctx.pool())
+    .await
+    .expect("read pg_locks")
+        > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_batch_in_flight_ends_within_the_bound_and_loses_nothing() {
+    const EVENTS: i64 = 1_000;
+    const ACK_TIMEOUT: u64 = 2;
+    // the documented bound: ack_timeout + 20 s for the relay, 5 s for the exporters
+    let bound = Duration::from_secs(ACK_TIMEOUT + 25);
+    let mut broker = NatsServer::spawn().await;
+    let ctx = Ctx::with_nats(&broker.url()).await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("stopping.row.changed");
+    let url = db_url(&ctx.db);
+    let ack = ACK_TIMEOUT.to_string();
+    let more = [
+        "--lanes",
+        "1",
+        "--batch-size",
+        "5000",
+        "--ack-timeout",
+        &ack,
+    ];
+    let mut relay = Running::spawn(relay_args(&url, &broker.url(), &more));
+    eventually(PATIENCE, "the relay to take the lease", || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from outbox_relay_lease")
+            .fetch_one(ctx.pool())
+            .await
+            .unwrap()
+            > 0
+    })
+    .await;
+    // The broker stops answering (frozen, so its connections stay open): the batch that
+    // claims the rows sends them and waits for acks that do not come.
+    let broker_pid = broker.pid().expect("the private server runs");
+    signal(broker_pid, "STOP");
+    let expected: Vec<(Uuid, String)> = sqlx::query_as(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+         select gen_random_uuid(), $1, 'cli-test', 's-' || (g % 20), now(), \
+                jsonb_build_object('n', g), now() + g * interval '1 microsecond' \
+           from generate_series(1, $2) g order by g returning id, subject",
+    )
+    .bind(&event_type)
+    .bind(EVENTS)
+    .fetch_all(ctx.pool())
+    .await
+    .unwrap();
+    sqlx::query("select pg_notify('outbox_events', '')")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let claimed = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !batch_in_flight(&ctx).await {
+        assert!(
+            tokio::time::Instant::now() < claimed,
+            "no batch waits for its acks after 30 s:\n{}",
+            relay.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let signalled = tokio::time::Instant::now();
+    relay.terminate();
+    let code = relay.wait().await;
+    let took = signalled.elapsed();
+    let log = relay.stderr();
+    eprintln!("SIGTERM to exit with a batch in flight: {took:?} (bound {bound:?})");
+    assert_eq!(
+        code,
+        Some(0),
+        "the relay finished its batch and exits 0:\n{log}"
+    );
+    assert!(
+        took <= bound,
+        "the relay took {took:?} to stop, over its bound of {bound:?}:\n{log}"
+    );
+    assert!(!batch_in_flight(&ctx).await, "the batch's locks are gone");
+    signal(broker_pid, "CONT");
+
+    // Nothing lost: every row marked published is in the stream, and a relay started again
+    // publishes the rest; each event is stored once, each subject in order.
+    let marked: HashSet<Uuid> =
+        sqlx::query_scalar("select id from outbox_events where published_at is not null")
+            .fetch_all(ctx.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+    let stored: HashSet<Uuid> = ctx
+        .read_stream()
+        .await
+        .iter()
+        .map(|m| m.envelope.id)
+        .collect();
+    assert!(
+        marked.is_subset(&stored),
+        "rows marked published are missing from the stream"
+    );
+    crate::support::relay_until_published(&ctx, &url, &broker.url(), &[]).await;
+    let mut per_subject: HashMap<String, Vec<Uuid>> = HashMap::new();
+    for (id, subject) in expected {
+        per_subject.entry(subject).or_default().push(id);
+    }
+    let mut seen: HashMap<String, Vec<Uuid>> = HashMap::new();
+    for m in ctx.read_stream().await {
+        seen.entry(m.envelope.subject.clone())
+            .or_default()
+            .push(m.envelope.id);
+    }
+    assert_eq!(seen, per_subject, "every event once, each subject in order");
+    broker.stop();
+}
