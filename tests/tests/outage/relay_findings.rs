@@ -484,3 +484,83 @@ async fn two_idle_relays_leave_no_error_in_the_servers_log() {
     );
     ctx.delete_stream().await;
 }
+
+/// A broker frozen without a reset (SIGSTOP: the connection stays up, nothing answers): a batch
+/// in flight ends about two seconds after its ack deadline, whatever its rows (the old relay
+/// looked each row's stream up for a second, one after the other, and ran about 20 s past its
+/// deadline until Postgres ended its transaction), and the rows are published once the broker
+/// answers again, in order, without an attempt spent on a broker that never got them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_ends_within_seconds_of_its_deadline_while_the_broker_is_frozen() {
+    let server = NatsServer::spawn().await;
+    let ctx = Ctx::with_nats(&server.url()).await;
+    ctx.ensure_stream().await;
+    let ty = ctx.event_type("billing.invoice.paid");
+    let schemas = open_schemas(std::slice::from_ref(&ty));
+    let config = RelayConfig {
+        ack_timeout: Duration::from_secs(2),
+        lanes: 1,
+        ..Default::default()
+    };
+    let pool = ctx.db.new_pool(config.pool_size()).await;
+    let client = outbox_testkit::connect_nats(&server.url()).await;
+    let relay = Arc::new(
+        Relay::new(pool, async_nats::jetstream::new(client), config)
+            .await
+            .unwrap(),
+    );
+    let (stop, running) = run_relay(relay.clone());
+    let first = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&ty, "billing", "s-0").build(),
+    )
+    .await;
+    eventually(Duration::from_secs(20), "the first published", || async {
+        published(ctx.pool(), first).await
+    })
+    .await;
+    let pid = server.pid().expect("the server runs");
+    server.signal("STOP");
+    // 200 rows of 50 event types (none of which the relay has looked up yet) and subjects
+    let mut ids = Vec::new();
+    for n in 0..200 {
+        let ty = ctx.event_type(&format!("kind{}.row.changed", n % 50));
+        let schemas = open_schemas(std::slice::from_ref(&ty));
+        ids.push(
+            emit_committed(
+                ctx.pool(),
+                &schemas,
+                raw_event(&ty, "billing", format!("s-{}", n % 20)).numbered(n),
+            )
+            .await,
+        );
+    }
+    let emitted = Instant::now();
+    let settled = relay.stats().not_attempted + relay.stats().failed;
+    eventually(
+        Duration::from_secs(30),
+        "a batch settles while the broker is frozen",
+        || async { relay.stats().not_attempted + relay.stats().failed > settled },
+    )
+    .await;
+    let took = emitted.elapsed();
+    eprintln!(
+        "a batch settled {took:?} after the rows were emitted, the broker frozen (pid {pid})"
+    );
+    server.signal("CONT");
+    eventually(
+        Duration::from_secs(60),
+        "every row published once the broker answers",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    assert!(
+        took < Duration::from_secs(2 + 2 + 5),
+        "the batch ran {took:?}: its ack deadline is 2 s"
+    );
+    assert_eq!(relay.stats().failed, 0, "no attempt spent on a frozen broker");
+    ctx.delete_stream().await;
+}
