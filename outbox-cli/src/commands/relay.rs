@@ -2,7 +2,7 @@
 //! line, and spans and metrics over OTLP when the `OTEL_*` variables ask for them.
 //!
 //! On SIGTERM (or SIGINT) it stops claiming, finishes the batches in progress and gives the
-//! relay lease up: within `ack_timeout + 20 s` ([`SHUTDOWN_GRACE`]), after which it exits 1
+//! relay lease up: within `RelayConfig::shutdown_bound` (`ack_timeout + 20 s`), after which it exits 1
 //! without waiting further (the rows of an unfinished batch stay unpublished and go out
 //! again later, as after a crash). Sending what the exporters hold takes at most 5 s more
 //! ([`FLUSH_TIMEOUT`](crate::telemetry::FLUSH_TIMEOUT)), so the process ends within
@@ -22,11 +22,6 @@ use crate::probes::{self, Probes};
 use crate::recorder::Recorders;
 use crate::telemetry::Telemetry;
 use crate::{connect, render};
-
-/// How long the relay has, beyond `ack_timeout`, to stop after the signal: `Relay::run`
-/// finishes its batches within `ack_timeout + 15 s` (docs/relay.md, *Failures*), then waits
-/// at most 5 s for the relay lease to be given up.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 pub async fn run(args: RelayArgs, telemetry: &Telemetry) -> Result<ExitCode> {
     let config = RelayConfig {
@@ -63,7 +58,7 @@ pub async fn run(args: RelayArgs, telemetry: &Telemetry) -> Result<ExitCode> {
     if telemetry.exports_traces() {
         tracing::info!("sending the publish spans over OTLP");
     }
-    let bound = config.ack_timeout + SHUTDOWN_GRACE;
+    let bound = config.shutdown_bound();
     let signal = shutdown_signal();
     let (database_url, nats_url) = (&args.db.database_url, &args.nats.nats_url);
     let auth = connect::nats_auth(&args.nats);

@@ -207,6 +207,19 @@ impl RelayConfig {
         self.ack_timeout + self.backoff_max + LOOP_BACKOFF_MAX + super::tx::STATEMENT_TIMEOUT
     }
 
+    /// The longest [`Relay::run`](crate::Relay::run) takes to return after its `shutdown`
+    /// future completes: its batches finish within `ack_timeout + 15 s` (past that they are
+    /// given up, leaving their rows unpublished as a crash would), then it gives the relay lease
+    /// up, waiting 5 s at most.
+    ///
+    /// ```
+    /// let config = outbox_runtime::RelayConfig::default();
+    /// assert_eq!(config.shutdown_bound().as_secs(), 5 + 15 + 5);
+    /// ```
+    pub fn shutdown_bound(&self) -> Duration {
+        self.ack_timeout + super::run::SHUTDOWN_MARGIN + super::lease::LEASE
+    }
+
     /// How long a batch's transaction may wait for the relay: longer than its publishing
     /// (`ack_timeout`), short enough that a frozen relay's locks go within seconds.
     pub(crate) fn idle_in_transaction_timeout(&self) -> Duration {

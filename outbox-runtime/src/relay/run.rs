@@ -21,7 +21,7 @@ const GAUGE_INTERVAL: Duration = Duration::from_secs(10);
 /// How often a running relay checks the streams of the event types it publishes.
 const STREAM_CHECK_INTERVAL: Duration = Duration::from_secs(60);
 /// How long `run` waits for its batches after shutdown, beyond `ack_timeout`.
-const SHUTDOWN_MARGIN: Duration = Duration::from_secs(15);
+pub(super) const SHUTDOWN_MARGIN: Duration = Duration::from_secs(15);
 /// How often a lane waiting for the NATS connection looks at it (no network involved).
 const RECONNECT_POLL: Duration = Duration::from_millis(100);
 /// How often a lane without a term looks whether the relay took the lease.

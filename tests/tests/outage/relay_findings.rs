@@ -561,6 +561,10 @@ async fn a_batch_ends_within_seconds_of_its_deadline_while_the_broker_is_frozen(
         took < Duration::from_secs(2 + 2 + 5),
         "the batch ran {took:?}: its ack deadline is 2 s"
     );
-    assert_eq!(relay.stats().failed, 0, "no attempt spent on a frozen broker");
+    assert_eq!(
+        relay.stats().failed,
+        0,
+        "no attempt spent on a frozen broker"
+    );
     ctx.delete_stream().await;
 }
