@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::claim::{ctids, subjects};
 use super::cursor::Cursor;
 use super::position::Position;
-use super::publish::{HoldCause, Settled};
+use super::publish::{FailedAttempt, HoldCause, Settled};
 use super::row::Row;
 use super::sql;
 use super::stats::BatchReport;
@@ -163,10 +163,11 @@ async fn park(tx: &mut Tx, relay: &Relay, rows: &[Row], settled: &Settled) -> Re
     let mut ids = Vec::new();
     let mut delays: Vec<Option<f64>> = Vec::new();
     let mut reasons = Vec::new();
-    for (i, failure) in &settled.failed {
+    for (i, failed) in &settled.failed {
         let row = &rows[*i];
+        let failure = &failed.failure;
         ids.push(row.id);
-        if row.attempts + 1 >= config.max_attempts {
+        if failed.at_cap {
             delays.push(None);
             reasons.push(format!(
                 "it reached the attempt cap ({}): {failure}",
@@ -211,11 +212,11 @@ pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &Ba
     for (event_type, n) in published {
         metrics::counter!(names::PUBLISHED, "event_type" => event_type).increment(n);
     }
-    let max_attempts = relay.config.max_attempts;
-    for (i, failure) in &settled.failed {
+    for (i, failed) in &settled.failed {
         let row = &rows[*i];
+        let failure = &failed.failure;
         metrics::counter!(names::PUBLISH_FAILURES, "event_type" => type_of(*i), "reason" => failure.reason()).increment(1);
-        if row.attempts + 1 >= max_attempts {
+        if failed.at_cap {
             metrics::counter!(names::AT_CAP, "event_type" => type_of(*i)).increment(1);
             tracing::error!(id = %row.id, subject = %row.subject, attempts = row.attempts + 1, reason = failure.reason(), error = %failure,
                 "outbox event reached the attempt cap: it is held, with the later events of its subject, until an operator releases it (`outbox unblock`)");
@@ -245,7 +246,7 @@ pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &Ba
     if report.duplicates > 0 {
         metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
     }
-    if let Some((_, first)) = settled.failed.first() {
+    if let Some((_, FailedAttempt { failure: first, .. })) = settled.failed.first() {
         tracing::warn!(failed = settled.failed.len(), published = report.published, first_reason = first.reason(), first_error = %first,
             "outbox relay: publishes failed; their subjects back off");
     }
