@@ -29,8 +29,10 @@ pub(super) enum Failure {
     /// No ack came, and the connection to NATS was lost and made again during the batch: the
     /// message or its ack went with the old connection.
     Reconnected,
-    /// A server older than 2.11 acknowledged it as a duplicate of a message the stream does
-    /// not hold (the id outlived a message lost in a leader change).
+    /// The stream acknowledged it as a duplicate of a message it does not hold as this row's:
+    /// on a server older than 2.11, the id outlived a message lost in a leader change; or the
+    /// message of that id was stored under another subject (an earlier send, moved by a
+    /// mapping).
     UnverifiedDuplicate,
     /// The stream is storing a message of the same id right now (JetStream error 10158, "duplicate
     /// message id is in process"): an earlier send of this row, whose ack was lost to a leader
@@ -69,10 +71,9 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Publish(e) => match std::error::Error::source(e) {
-                Some(source) => write!(f, "{e}: {source}"),
-                None => write!(f, "{e}"),
-            },
+            // async-nats's error says its source itself ("publish failed: <the broker's
+            // answer>"): written once
+            Failure::Publish(e) => write!(f, "{e}"),
             Failure::NotConnected => f.write_str("not connected to NATS"),
             Failure::Deadline => f.write_str("no ack before the batch deadline"),
             Failure::Election => f.write_str(
@@ -85,7 +86,7 @@ impl fmt::Display for Failure {
                 "no ack came, and the connection to NATS was lost and made again meanwhile",
             ),
             Failure::UnverifiedDuplicate => f.write_str(
-                "the server (older than 2.11) acknowledged a duplicate whose message the stream does not hold; it is sent again until the stream's duplicate window forgets its id",
+                "the stream acknowledged a duplicate whose message it does not hold as this event's (lost in a leader change on a server older than 2.11, or stored under another subject); it is sent again until the stream's duplicate window forgets its id",
             ),
             Failure::InProcess => f.write_str(
                 "the stream is storing a message of the same id right now (an earlier send whose ack was lost to a leader change)",
@@ -549,6 +550,15 @@ mod tests {
         let hold = held(decided(publish(Kind::StreamNotFound), &nothing));
         assert_eq!(hold.cause, HoldCause::NoStream);
         assert!(hold.reason.contains(TYPE), "{}", hold.reason);
+    }
+
+    #[test]
+    fn a_brokers_answer_is_said_once() {
+        let refused = broker(10077, "maximum messages exceeded");
+        assert_eq!(
+            refused.to_string(),
+            "publish failed: maximum messages exceeded (code 503, error code 10077)"
+        );
     }
 
     // "held": refused by the stream for good (over its max_msg_size).

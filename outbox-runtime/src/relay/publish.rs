@@ -3,7 +3,7 @@
 //! batch* and *Failures*). Nothing here touches the database: the result is a [`Settled`] that
 //! the claim applies.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::IntoFuture;
 use std::time::Duration;
 
@@ -162,6 +162,16 @@ struct Run<'a> {
     verify_duplicates: bool,
     /// New roots for the rows that have no trace context to send.
     roots: Roots,
+    /// The types whose stored subject was read back from an ack in this batch (once per type
+    /// and batch at most), and of them, those stored under another subject, with their hold.
+    subjects_checked: HashSet<String>,
+    stored_elsewhere: HashMap<String, Hold>,
+}
+
+/// A message as a stream stored it, read back at an ack's sequence.
+struct StoredMessage {
+    subject: String,
+    id: Option<String>,
 }
 
 impl<'a> Run<'a> {
@@ -180,6 +190,8 @@ impl<'a> Run<'a> {
             captures: HashMap::new(),
             verify_duplicates: before_2_11(&to.jetstream.client().server_info().version),
             roots: Roots::new(),
+            subjects_checked: HashSet::new(),
+            stored_elsewhere: HashMap::new(),
         }
     }
 
@@ -253,16 +265,56 @@ impl<'a> Run<'a> {
     ) {
         self.flights[i].leg = Leg::Ground;
         match result {
-            Ok(ack) if ack.duplicate && self.verify_duplicates => {
-                if self.duplicate_stored(i, &ack).await {
-                    self.acked(i, ack);
-                } else {
-                    self.settle(i, Verdict::NotAttempted(Failure::UnverifiedDuplicate));
-                }
-            }
-            Ok(ack) => self.acked(i, ack),
+            Ok(ack) => match self.stored(i, &ack).await {
+                Ok(()) => self.acked(i, ack),
+                Err(verdict) => self.settle(i, verdict),
+            },
             Err(e) => self.failed(i, Failure::Publish(e), delayed).await,
         }
+    }
+
+    /// Whether `ack` of row `i` counts: `Err` with what it comes to when the stream stored the
+    /// message under another subject than the row's type (an account subject mapping), or when
+    /// a duplicate ack points at a message the stream does not hold as the row's (a server
+    /// before 2.11, or a message stored elsewhere). The stored message is read back only when
+    /// a check is due: a duplicate from a server before 2.11, and the first ack of a type in a
+    /// batch whose subject was not checked within a minute or that another stream than the
+    /// type's acknowledged.
+    async fn stored(&mut self, i: usize, ack: &PublishAck) -> Result<(), Verdict> {
+        let rows = self.rows;
+        let event_type = rows[i].event_type();
+        if let Some(hold) = self.stored_elsewhere.get(event_type) {
+            // sent before its type was found moved in this batch: moved too
+            return Err(Verdict::Held(hold.clone()));
+        }
+        let check_duplicate = ack.duplicate && self.verify_duplicates;
+        let check_subject = !self.subjects_checked.contains(event_type)
+            && self.to.streams.subject_check_due(event_type, &ack.stream);
+        if !check_duplicate && !check_subject {
+            return Ok(());
+        }
+        let stored = self.read_back(ack).await;
+        let elsewhere = stored.as_ref().is_some_and(|m| m.subject != event_type);
+        if ack.duplicate && elsewhere {
+            // the id is the stream's from an earlier send that went elsewhere: sent again until
+            // the duplicate window forgets it (then a mapping still there holds the type)
+            return Err(Verdict::NotAttempted(Failure::UnverifiedDuplicate));
+        }
+        if check_subject {
+            self.subjects_checked.insert(event_type.to_owned());
+            let subject = stored.as_ref().map(|m| m.subject.as_str());
+            let streams = self.to.streams;
+            if let Some(hold) = streams.stored_under(event_type, &ack.stream, subject) {
+                self.stored_elsewhere
+                    .insert(event_type.to_owned(), hold.clone());
+                return Err(Verdict::Held(hold));
+            }
+        }
+        let id = rows[i].id.to_string();
+        if check_duplicate && stored.and_then(|m| m.id).as_deref() != Some(id.as_str()) {
+            return Err(Verdict::NotAttempted(Failure::UnverifiedDuplicate));
+        }
+        Ok(())
     }
 
     fn connected(&self) -> bool {
@@ -374,8 +426,10 @@ impl<'a> Run<'a> {
             verdict => self.settle(i, verdict),
         }
     }
+
     /// The message of ready row `i`, or `None` when it is not sent: out of time (it and the
-    /// rest of its chain are skipped), or held by the relay's own checks.
+    /// rest of its chain are skipped), or held by the relay's own checks or because its type's
+    /// stream is unsafe, or its type stored elsewhere ([`Streams::refusal`]).
     fn prepare(&mut self, i: usize) -> Option<(Vec<u8>, async_nats::HeaderMap)> {
         if self.expired {
             self.settled.skipped += 1 + self.chains.rest_after(i);
@@ -383,7 +437,12 @@ impl<'a> Run<'a> {
         }
         let max_payload = self.to.jetstream.client().server_info().max_payload;
         let rows = self.rows;
+        let streams = self.to.streams;
         let checked = check(&rows[i], self.to.config)
+            .and_then(|event| match streams.refusal(&event.event_type) {
+                Some(hold) => Err(hold),
+                None => Ok(event),
+            })
             .and_then(|event| {
                 message(&rows[i], event, &self.sent_in(i))
                     .map_err(|e| Hold::new(HoldCause::Unreadable, e.to_string()))
@@ -410,6 +469,7 @@ impl<'a> Run<'a> {
         let streams = self.to.streams;
         let known = match streams.cached_stream(event_type) {
             Some(name) if !fresh => (Capture::Stream { name }, false),
+            _ if fresh => (refresh(self.to, event_type).await, true),
             _ => (lookup(self.to, event_type).await, true),
         };
         self.captures.insert(event_type.to_owned(), known.clone());
@@ -431,10 +491,9 @@ impl<'a> Run<'a> {
         elected
     }
 
-    /// Whether the stream holds the message a duplicate ack for row `i` points at: its
-    /// sequence, under the row's id.
-    async fn duplicate_stored(&self, i: usize, ack: &PublishAck) -> bool {
-        let id = self.rows[i].id.to_string();
+    /// The message `ack` points at, as its stream stored it (a second at most); `None` when it
+    /// cannot be read (no answer, no permission, gone).
+    async fn read_back(&self, ack: &PublishAck) -> Option<StoredMessage> {
         let read = async {
             let stream = self
                 .to
@@ -443,13 +502,20 @@ impl<'a> Run<'a> {
                 .await
                 .ok()?;
             let message = stream.get_raw_message(ack.sequence).await.ok()?;
-            let stored_id = message
+            let id = message
                 .headers
                 .get(async_nats::header::NATS_MESSAGE_ID)
                 .map(|v| v.as_str().to_owned());
-            Some(stored_id.as_deref() == Some(id.as_str()))
+            Some(StoredMessage {
+                subject: message.subject.to_string(),
+                id,
+            })
         };
-        timeout(LOOKUP_TIMEOUT, read).await.ok().flatten() == Some(true)
+        let stored = timeout(LOOKUP_TIMEOUT, read).await.ok().flatten();
+        if stored.is_none() {
+            tracing::debug!(stream = %ack.stream, sequence = ack.sequence, "outbox relay could not read back an acknowledged message");
+        }
+        stored
     }
 
     /// The deadline passed: rows awaiting their ack failed (or were not attempted, if their
@@ -458,7 +524,7 @@ impl<'a> Run<'a> {
         // the streams, and then their elections, of every row awaiting its ack, looked up at
         // once: each lookup waits a second at most, so a silent broker holds the batch about
         // two seconds past its deadline, however many types and streams it has
-        let flying: std::collections::BTreeSet<&str> = (0..self.rows.len())
+        let flying: BTreeSet<&str> = (0..self.rows.len())
             .filter(|&i| self.flights[i].leg == Leg::Flying)
             .map(|i| self.rows[i].event_type())
             .filter(|t| !self.captures.contains_key(*t))
@@ -473,7 +539,7 @@ impl<'a> Run<'a> {
         }))
         .await;
         self.captures.extend(found);
-        let streams: std::collections::BTreeSet<String> = self
+        let streams: BTreeSet<String> = self
             .captures
             .values()
             .filter_map(|c| match c {
@@ -509,6 +575,7 @@ impl<'a> Run<'a> {
 /// Publishes `rows`: each subject's rows one after the other (the next sent on the previous
 /// one's ack), all subjects at once, every send and ack before `ack_timeout` from now.
 pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
+    look_up_streams(rows, to).await;
     let mut run = Run::new(rows, to);
     // One timer for the whole batch, raced against every send and every wait.
     let expiry = sleep_until(run.deadline);
@@ -575,12 +642,38 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
     run.settled
 }
 
+/// Looks up, at once, the streams of the types of `rows` that the relay has not looked up
+/// lately, before anything is sent: a type's stream is found, and its configuration read
+/// ([`Streams::refusal`] then refuses an unsafe one), before the type's first publish, not
+/// after. Each lookup waits [`LOOKUP_TIMEOUT`] at most, and a type looked up within five
+/// minutes is not asked again, so this costs a batch nothing in the steady state.
+async fn look_up_streams(rows: &[Row], to: Publisher<'_>) {
+    let stale: BTreeSet<&str> = rows
+        .iter()
+        .map(Row::event_type)
+        .filter(|t| crate::naming::check_event_type(t).is_ok() && to.streams.is_stale(t))
+        .collect();
+    futures::future::join_all(stale.into_iter().map(|t| lookup(to, t))).await;
+}
+
 /// Looks up the stream that captures `event_type`, waiting [`LOOKUP_TIMEOUT`] at most.
 async fn lookup(to: Publisher<'_>, event_type: &str) -> Capture {
     let horizon = to.config.retry_horizon();
     timeout(
         LOOKUP_TIMEOUT,
         to.streams.capture(to.jetstream, event_type, horizon),
+    )
+    .await
+    .unwrap_or(Capture::Unknown)
+}
+
+/// Asks JetStream which stream captures `event_type` now, whatever the relay's cache says,
+/// waiting [`LOOKUP_TIMEOUT`] at most.
+async fn refresh(to: Publisher<'_>, event_type: &str) -> Capture {
+    let horizon = to.config.retry_horizon();
+    timeout(
+        LOOKUP_TIMEOUT,
+        to.streams.refresh(to.jetstream, event_type, horizon),
     )
     .await
     .unwrap_or(Capture::Unknown)

@@ -163,6 +163,7 @@ async fn park(tx: &mut Tx, relay: &Relay, rows: &[Row], settled: &Settled) -> Re
     let mut ids = Vec::new();
     let mut delays: Vec<Option<f64>> = Vec::new();
     let mut reasons = Vec::new();
+    let mut causes: Vec<Option<&str>> = Vec::new();
     for (i, failed) in &settled.failed {
         let row = &rows[*i];
         let failure = &failed.failure;
@@ -173,17 +174,20 @@ async fn park(tx: &mut Tx, relay: &Relay, rows: &[Row], settled: &Settled) -> Re
                 "it reached the attempt cap ({}): {failure}",
                 config.max_attempts
             ));
+            causes.push(Some(HoldCause::AtCap.label()));
         } else {
             delays.push(Some(
                 config.backoff((row.attempts + 1) as u32).as_secs_f64() * 1000.0,
             ));
             reasons.push(failure.to_string());
+            causes.push(None);
         }
     }
     for (i, hold) in &settled.held {
         ids.push(rows[*i].id);
         delays.push(None);
         reasons.push(hold.reason.clone());
+        causes.push(Some(hold.cause.label()));
     }
     if !ids.is_empty() {
         timed(
@@ -192,6 +196,7 @@ async fn park(tx: &mut Tx, relay: &Relay, rows: &[Row], settled: &Settled) -> Re
                 .bind(&ids)
                 .bind(&delays)
                 .bind(&reasons)
+                .bind(&causes)
                 .execute(tx.conn()),
         )
         .await?;
@@ -230,8 +235,13 @@ pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &Ba
         if hold.cause == HoldCause::AtCap {
             metrics::counter!(names::AT_CAP, "event_type" => type_of(*i)).increment(1);
         }
-        tracing::error!(id = %row.id, subject = %crate::naming::shorten(&row.subject), cause = hold.cause.label(), reason = %hold.reason,
-            "outbox event held: it cannot be published as it is; the later events of its subject wait behind it until an operator releases it (`outbox unblock`)");
+        if hold.cause.releases_itself() {
+            tracing::error!(id = %row.id, subject = %crate::naming::shorten(&row.subject), cause = hold.cause.label(), reason = %hold.reason,
+                "outbox event held: its type's stream is missing or unsafe; the later events of its subject wait behind it until a safe stream captures the type, then the relay releases it by itself");
+        } else {
+            tracing::error!(id = %row.id, subject = %crate::naming::shorten(&row.subject), cause = hold.cause.label(), reason = %hold.reason,
+                "outbox event held: it cannot be published as it is; the later events of its subject wait behind it until an operator releases it (`outbox unblock`)");
+        }
     }
     let mut not_attempted: HashMap<(String, &'static str), u64> = HashMap::new();
     for (i, failure) in &settled.not_attempted {

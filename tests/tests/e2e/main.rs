@@ -16,6 +16,7 @@ mod relay_basic;
 mod relay_faults;
 mod relay_poison;
 mod relay_replicas;
+mod relay_streams;
 mod relay_wake;
 mod roles;
 mod testkit;
