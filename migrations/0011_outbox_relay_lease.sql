@@ -19,3 +19,10 @@ create table if not exists outbox_relay_lease (
 
 -- Relays share no partitions any more: the table of migration 0008 is not read.
 drop table if exists outbox_relays;
+
+-- Why a subject is held, as a label (the `cause` of `outbox_events_held_total`: `no_stream`,
+-- `unsafe_stream`, `subject_mapping`, `attempt_cap`, ...); null while it backs off. `reason`
+-- keeps the words. A hold whose cause is a stream's (`no_stream`, `unsafe_stream`) is released
+-- by the relay itself once a stream captures the type again and is safe (docs/relay.md, *Held
+-- rows*); the others wait for `outbox unblock`.
+alter table outbox_retries add column if not exists cause text;

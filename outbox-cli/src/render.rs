@@ -104,6 +104,34 @@ pub fn status(s: &Status) -> String {
             let _ = writeln!(out, "... and {} more", s.held_total - s.held.len() as i64);
         }
     }
+    if !s.backing_off_reasons.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nbacking off, by reason (the relay retries them by itself):"
+        );
+        for r in &s.backing_off_reasons {
+            let _ = writeln!(out, "{:>6} subject(s): {}", r.subjects, r.reason);
+        }
+    }
+    if !s.backing_off_subjects.is_empty() {
+        let _ = writeln!(out, "\nbacking off:");
+        for b in &s.backing_off_subjects {
+            let _ = writeln!(
+                out,
+                "{}  {}  subject {}  attempts {}  retry in {}: {}",
+                b.id,
+                shown(&b.event_type),
+                shown(&b.subject),
+                b.attempts,
+                age(b.retry_in),
+                b.reason
+            );
+        }
+        let listed = s.backing_off_subjects.len() as i64;
+        if s.backing_off > listed {
+            let _ = writeln!(out, "... and {} more", s.backing_off - listed);
+        }
+    }
     out
 }
 

@@ -70,8 +70,9 @@ pub use outbox_macros::OutboxEvent;
 ///   and subject partition, so that a relay's lane skips the other lanes' rows inside the
 ///   index. Built like 0009 (the file gives the `concurrently` statement).
 /// - `0011_outbox_relay_lease.sql`: the relay lease (`outbox_relay_lease`), which says which of
-///   the relays running on the table publishes (docs/relay.md, *Several relays*), and drops
-///   0008's table.
+///   the relays running on the table publishes (docs/relay.md, *Several relays*), drops
+///   0008's table, and gives `outbox_retries` the nullable `cause` of each hold (the relay
+///   releases by itself the holds a stream caused: docs/relay.md, *Held rows*).
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting). Run as they are (by

@@ -1,5 +1,6 @@
 //! What operators alert on: the backlog, the oldest unpublished event, attempts, the held rows
-//! and why each is held; and `unblock`, which releases held rows so that they publish again.
+//! and why each is held, the subjects backing off and why; and `unblock`, which releases held
+//! rows so that they publish again.
 
 use std::time::Duration;
 
@@ -44,6 +45,13 @@ pub struct Status {
     pub by_type: Vec<TypeStatus>,
     /// Subjects backing off after a failed publish (their next attempt is scheduled).
     pub backing_off: i64,
+    /// The subjects backing off, longest first (at most [`BACKING_OFF_SHOWN`];
+    /// [`Status::backing_off`] counts them all), each with the reason of its last failure.
+    pub backing_off_subjects: Vec<BackingOff>,
+    /// Every reason the subjects back off for, with how many subjects each: every subject
+    /// backing off is counted under its reason (the most frequent first, at most
+    /// [`BACKING_OFF_SHOWN`] reasons).
+    pub backing_off_reasons: Vec<ReasonCount>,
     /// The held rows, oldest first (at most [`HELD_SHOWN`]; [`Status::held_total`] counts
     /// them all): each holds its subject until an operator releases it.
     pub held: Vec<Held>,
@@ -53,6 +61,36 @@ pub struct Status {
 
 /// How many held rows [`status`] lists.
 pub const HELD_SHOWN: i64 = 100;
+
+/// How many subjects backing off, and how many of their reasons, [`status`] lists.
+pub const BACKING_OFF_SHOWN: i64 = 100;
+
+/// A subject backing off after a failed publish, with the reason.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackingOff {
+    /// The event the relay tries next (the subject's oldest unpublished one).
+    pub id: Uuid,
+    /// Its event type.
+    pub event_type: String,
+    /// The subject.
+    pub subject: String,
+    /// Attempts so far.
+    pub attempts: i32,
+    /// Why its last publish failed: the broker's answer, or the relay's own reason.
+    pub reason: String,
+    /// How long until the relay tries it again (zero: due now).
+    #[serde(with = "secs")]
+    pub retry_in: Option<Duration>,
+}
+
+/// A reason subjects back off for, and how many do.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReasonCount {
+    /// The reason, as [`BackingOff::reason`] says it.
+    pub reason: String,
+    /// The subjects backing off for it.
+    pub subjects: i64,
+}
 
 /// A held row, with the reason.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
@@ -67,6 +105,11 @@ pub struct Held {
     pub attempts: i32,
     /// Why it is held.
     pub reason: String,
+    /// The cause, as a label (`no_stream`, `unsafe_stream`, `attempt_cap`, ...: the `cause` of
+    /// `outbox_events_held_total`); `None` for a hold written before the relay recorded it.
+    /// The relay releases a `no_stream` or `unsafe_stream` hold by itself once a safe stream
+    /// captures the type; the others wait for [`unblock`].
+    pub cause: Option<String>,
 }
 
 /// [`Status`] figures for one event type.
@@ -143,6 +186,8 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
         attempts: Vec::new(),
         by_type: Vec::new(),
         backing_off: 0,
+        backing_off_subjects: Vec::new(),
+        backing_off_reasons: Vec::new(),
         held: Vec::new(),
         held_total: 0,
     };
@@ -192,9 +237,12 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
     .map_err(|e| OUTBOX_RETRIES.error(e))?;
     status.held_total = held_total;
     status.backing_off = backing_off;
+    if backing_off > 0 {
+        backing_off_of(pool, &mut status).await?;
+    }
     if held_total > 0 {
         status.held = sqlx::query_as(
-            "select e.id, e.event_type, e.subject, e.attempts, r.reason \
+            "select e.id, e.event_type, e.subject, e.attempts, r.reason, r.cause \
                from outbox_retries r join outbox_events e on e.id = r.event_id \
               where r.retry_at is null and e.published_at is null \
               order by r.since, e.id limit $1",
@@ -205,6 +253,47 @@ pub async fn status(pool: &PgPool, max_attempts: i32) -> Result<Status> {
         .map_err(|e| OUTBOX_RETRIES.error(e))?;
     }
     Ok(status)
+}
+
+/// Fills [`Status::backing_off_subjects`] and [`Status::backing_off_reasons`].
+async fn backing_off_of(pool: &PgPool, status: &mut Status) -> Result<()> {
+    let rows: Vec<(Uuid, String, String, i32, String, Option<f64>)> = sqlx::query_as(
+        "select e.id, e.event_type, e.subject, e.attempts, r.reason, \
+                extract(epoch from r.retry_at - now())::float8 \
+           from outbox_retries r join outbox_events e on e.id = r.event_id \
+          where r.retry_at is not null and e.published_at is null \
+          order by r.since, e.id limit $1",
+    )
+    .bind(BACKING_OFF_SHOWN)
+    .fetch_all(pool)
+    .await
+    .map_err(|e| OUTBOX_RETRIES.error(e))?;
+    status.backing_off_subjects = rows
+        .into_iter()
+        .map(
+            |(id, event_type, subject, attempts, reason, retry_in)| BackingOff {
+                id,
+                event_type,
+                subject,
+                attempts,
+                reason,
+                retry_in: age(retry_in),
+            },
+        )
+        .collect();
+    let reasons: Vec<(String, i64)> = sqlx::query_as(
+        "select reason, count(*) from outbox_retries where retry_at is not null \
+          group by reason order by count(*) desc, reason limit $1",
+    )
+    .bind(BACKING_OFF_SHOWN)
+    .fetch_all(pool)
+    .await
+    .map_err(|e| OUTBOX_RETRIES.error(e))?;
+    status.backing_off_reasons = reasons
+        .into_iter()
+        .map(|(reason, subjects)| ReasonCount { reason, subjects })
+        .collect();
+    Ok(())
 }
 
 /// Publishes the gauges an alert needs: `outbox_oldest_unpublished_age_seconds` (held subjects'
@@ -243,7 +332,8 @@ pub enum Unblock {
 }
 
 /// Releases the held rows that `which` selects: rows the relay holds (at the attempt cap, or
-/// refused for good: no stream for their type, over `max_payload`, a row it cannot read) and
+/// refused for good: no stream for their type, an unsafe stream, a type stored under another
+/// subject, over `max_payload`, a row it cannot read) and
 /// rows at or past `max_attempts`. Their `attempts` go back to 0 and their subject's retry
 /// comes due now, so the relay publishes them again, with their original id, then the events
 /// held behind them, in order (the relay itself releases the subject once the held row is
@@ -271,7 +361,7 @@ pub async fn unblock(pool: &PgPool, which: &Unblock, max_attempts: i32) -> Resul
          heads as (select distinct on (subject) subject, id from reset order by subject, created_at, id), \
          due as (insert into outbox_retries as r (subject, event_id, retry_at, reason) \
                   select subject, id, now(), 'released by an operator: it goes now' from heads \
-                  on conflict (subject) do update set retry_at = now(), reason = excluded.reason \
+                  on conflict (subject) do update set retry_at = now(), reason = excluded.reason, cause = null \
                   returning 1), \
          wake as (select pg_notify('{}', '') from (select 1 from target limit 1) x) \
          select id from reset, (select count(*) from wake) w, (select count(*) from due) d",

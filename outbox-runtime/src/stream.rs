@@ -7,10 +7,12 @@
 //! window must cover the relay's retry horizon (see
 //! [`RelayConfig::retry_horizon`](crate::RelayConfig::retry_horizon)).
 //!
-//! A stream must also keep what it acknowledged: once the relay has marked a row published and
-//! retention has pruned it, the stream holds the only copy. [`unsafe_settings`] names the
-//! settings that lose acknowledged messages (interest or work-queue retention, `no_ack`, message
-//! and byte limits, asynchronous persistence); [`durability_warning`] the single-replica case.
+//! A stream must also keep what it acknowledged, where consumers look for it: once the relay has
+//! marked a row published and retention has pruned it, the stream holds the only copy.
+//! [`unsafe_settings`] names the settings that lose acknowledged messages (interest or
+//! work-queue retention, `no_ack`, message and byte limits, asynchronous persistence) or store
+//! them under another subject (a subject transform); [`durability_warning`] the single-replica
+//! case.
 //!
 //! [`StreamSpec::ensure`] creates the stream, or checks an existing one and says precisely what
 //! differs. [`check_captures`] finds, for each subject, the stream that captures it; the relay
@@ -242,7 +244,12 @@ impl StreamSpec {
 }
 
 /// The settings of `config` under which the stream can lose a message it acknowledged (or can
-/// never acknowledge one), each in words with its fix; empty when there are none.
+/// never acknowledge one), or stores it under another subject than the event type it was
+/// published on (a `subject_transform`: consumers filtering on the type would never see it),
+/// each in words with its fix; empty when there are none.
+///
+/// A source's subject transforms are not among them: they rename the messages the stream
+/// copies from another stream, never the ones published to it.
 ///
 /// ```
 /// use async_nats::jetstream::stream::{Config, RetentionPolicy};
@@ -299,6 +306,17 @@ pub fn unsafe_settings(config: &stream::Config) -> Vec<String> {
             "the stream is a mirror: it takes no published messages; publish to its origin".into(),
         );
     }
+    if let Some(t) = config
+        .subject_transform
+        .as_ref()
+        .filter(|t| t.destination != t.source)
+    {
+        let source = if t.source.is_empty() { ">" } else { &t.source };
+        out.push(format!(
+            "subject_transform maps `{source}` to `{}`: the stream stores a message under another subject than the event type it was published on, where consumers filtering on the type never see it; remove the transform",
+            t.destination
+        ));
+    }
     out
 }
 
@@ -317,7 +335,7 @@ pub fn durability_warning(config: &stream::Config) -> Option<String> {
 
 fn unsafe_reason(settings: &[String]) -> String {
     format!(
-        "can lose messages it acknowledged, which the outbox relies on keeping: {}",
+        "cannot be trusted with the outbox's events, which count as published once it acknowledges them: {}",
         settings.join("; ")
     )
 }
@@ -341,7 +359,8 @@ fn storage_name(storage: StorageType) -> &'static str {
     }
 }
 
-fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
+/// Whether `e` says that the stream does not exist.
+pub(crate) fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(
         e.kind(),
         jetstream::context::GetStreamErrorKind::JetStream(js)
@@ -498,6 +517,28 @@ mod tests {
                 "sealed",
                 "no new messages",
             ),
+            (
+                Config {
+                    subject_transform: Some(stream::SubjectTransform {
+                        source: "billing.>".into(),
+                        destination: "moved.>".into(),
+                    }),
+                    ..safe()
+                },
+                "subject_transform maps `billing.>` to `moved.>`",
+                "remove the transform",
+            ),
+            (
+                Config {
+                    subject_transform: Some(stream::SubjectTransform {
+                        source: String::new(),
+                        destination: "moved.>".into(),
+                    }),
+                    ..safe()
+                },
+                "subject_transform maps `>` to `moved.>`",
+                "consumers filtering on the type never see it",
+            ),
         ];
         for (config, setting, fix) in cases {
             let found = unsafe_settings(&config);
@@ -520,6 +561,17 @@ mod tests {
             ..safe()
         };
         assert!(unsafe_settings(&unlimited).is_empty(), "-1 is unlimited");
+        let identity = Config {
+            subject_transform: Some(stream::SubjectTransform {
+                source: "billing.>".into(),
+                destination: "billing.>".into(),
+            }),
+            ..safe()
+        };
+        assert!(
+            unsafe_settings(&identity).is_empty(),
+            "a transform onto the same subjects moves nothing"
+        );
     }
 
     #[test]

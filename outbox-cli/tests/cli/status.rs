@@ -175,6 +175,108 @@ async fn status_reports_the_table_and_exits_by_its_thresholds() {
     assert!(!within.stdout.contains("THRESHOLD"), "{}", within.stdout);
 }
 
+/// Every subject backing off shows its reason, in the table (grouped by reason, and the
+/// subjects listed) and as JSON; a held row shows its cause beside its reason.
+#[tokio::test]
+async fn status_says_why_each_subject_backs_off() {
+    let db = TestDb::new().await;
+    // three subjects backing off, two for one reason; one held because no stream captures its
+    // type; written as the relay writes its schedule
+    let rows = [
+        (
+            "s-1",
+            Some(30),
+            "publish failed: maximum messages exceeded (code 503, error code 10077)",
+            None,
+        ),
+        (
+            "s-2",
+            Some(60),
+            "publish failed: maximum messages exceeded (code 503, error code 10077)",
+            None,
+        ),
+        ("s-3", Some(90), "no ack before the batch deadline", None),
+        (
+            "s-4",
+            None,
+            "no stream captures `a.one.created`: create one",
+            Some("no_stream"),
+        ),
+    ];
+    for (subject, retry_in, reason, cause) in rows {
+        sqlx::query(
+            "with e as (insert into outbox_events (id, event_type, source, subject, time, data, attempts) \
+                        values (gen_random_uuid(), 'a.one.created', 'cli-test', $1, now(), '{}'::jsonb, 1) \
+                        returning id) \
+             insert into outbox_retries (subject, event_id, retry_at, reason, cause) \
+             select $1, e.id, now() + make_interval(secs => $2), $3, $4 from e",
+        )
+        .bind(subject)
+        .bind(retry_in.map(f64::from))
+        .bind(reason)
+        .bind(cause)
+        .execute(&db.pool)
+        .await
+        .expect("insert a schedule");
+    }
+    let url = db_url(&db);
+    let status = |extra: &[&str]| {
+        let mut args = vec!["status".to_owned(), "--database-url".into(), url.clone()];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        run(args)
+    };
+
+    let out = status(&["--json"]).await;
+    out.expect_code(0).assert_clean();
+    let v: Value = serde_json::from_str(&out.stdout).expect("status --json prints JSON");
+    assert_eq!(v["backing_off"], 3, "{v:#}");
+    assert_eq!(
+        v["backing_off_reasons"],
+        serde_json::json!([
+            { "reason": "publish failed: maximum messages exceeded (code 503, error code 10077)", "subjects": 2 },
+            { "reason": "no ack before the batch deadline", "subjects": 1 },
+        ]),
+        "{v:#}"
+    );
+    let listed: Vec<(&str, &str)> = v["backing_off_subjects"]
+        .as_array()
+        .expect("the subjects backing off")
+        .iter()
+        .map(|b| {
+            let retry_in = b["retry_in"].as_f64().expect("retry_in");
+            assert!((0.0..=90.0).contains(&retry_in), "{b}");
+            (
+                b["subject"].as_str().expect("subject"),
+                b["reason"].as_str().expect("reason"),
+            )
+        })
+        .collect();
+    assert_eq!(listed.len(), 3, "{v:#}");
+    assert!(
+        listed.contains(&("s-3", "no ack before the batch deadline")),
+        "{v:#}"
+    );
+    assert_eq!(v["held"][0]["cause"], "no_stream", "{v:#}");
+
+    let out = status(&[]).await;
+    out.expect_code(0).assert_clean();
+    for line in [
+        "     2 subject(s): publish failed: maximum messages exceeded (code 503, error code 10077)",
+        "     1 subject(s): no ack before the batch deadline",
+    ] {
+        assert!(out.stdout.contains(line), "`{line}` in\n{}", out.stdout);
+    }
+    for subject in ["s-1", "s-2", "s-3"] {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.contains(&format!("subject {subject} ")) && l.contains("retry in")),
+            "{subject} listed with its retry in\n{}",
+            out.stdout
+        );
+    }
+}
+
 /// `outbox status` over TLS to a private Postgres that accepts only TLS (`ssl = on`, a
 /// certificate from a CA made here): `sslmode=verify-full` with the CA works; a wrong CA, a
 /// wrong password and a connection without TLS each exit 2 naming their own cause and fix, never

@@ -1,9 +1,21 @@
 //! Rows the relay holds: they cannot be published as they are, so each waits, with its
-//! subject, for an operator (docs/relay.md, *Held rows*); the relay's own checks of a row
-//! before it is sent.
+//! subject, for an operator, or for a stream that captures its type safely (docs/relay.md,
+//! *Held rows*); the relay's own checks of a row before it is sent, and the release of the
+//! holds a stream caused once it is fixed.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use sqlx::PgPool;
 
 use super::config::RelayConfig;
 use super::row::{Event, Row};
+use super::sql;
+use super::streams::{Capture, Streams};
+
+/// The longest wait for a stream lookup while releasing holds.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Room for the headers beside the body within the server's `max_payload`.
 const HEADERS_ALLOWANCE: usize = 256;
@@ -24,12 +36,40 @@ pub(super) enum HoldCause {
     NoStream,
     /// The stream refused it for good (larger than the stream's `max_msg_size`).
     Refused,
+    /// The stream that captures its type has settings under which it can lose what it
+    /// acknowledged, or stores messages under another subject ([`unsafe_settings`]): the
+    /// relay sends nothing into it.
+    ///
+    /// [`unsafe_settings`]: crate::unsafe_settings
+    UnsafeStream,
+    /// The server stored a message of its type under another subject (an account subject
+    /// mapping): consumers filtering on the type would not see it.
+    Mapped,
 }
 
 impl HoldCause {
+    /// Every cause, for the tests and for reading a cause back from its label.
+    pub(super) const ALL: [HoldCause; 8] = [
+        HoldCause::Unreadable,
+        HoldCause::BadType,
+        HoldCause::AtCap,
+        HoldCause::TooLarge,
+        HoldCause::NoStream,
+        HoldCause::Refused,
+        HoldCause::UnsafeStream,
+        HoldCause::Mapped,
+    ];
+
     /// Whether the broker saw the publish (the row gets one more attempt).
     pub(super) fn attempted(self) -> bool {
         matches!(self, HoldCause::NoStream | HoldCause::Refused)
+    }
+
+    /// Whether the relay releases the hold by itself, once a stream captures the type and is
+    /// safe (the relay's housekeeping looks every 10 s), instead of waiting for an operator:
+    /// the cause is a stream's, which the relay can read back.
+    pub(super) fn releases_itself(self) -> bool {
+        matches!(self, HoldCause::NoStream | HoldCause::UnsafeStream)
     }
 
     /// The `cause` label of [`HELD`](crate::metrics::HELD).
@@ -41,6 +81,8 @@ impl HoldCause {
             HoldCause::TooLarge => "max_payload",
             HoldCause::NoStream => "no_stream",
             HoldCause::Refused => "refused",
+            HoldCause::UnsafeStream => "unsafe_stream",
+            HoldCause::Mapped => "subject_mapping",
         }
     }
 }
@@ -64,9 +106,90 @@ impl Hold {
 /// A row of `event_type`, which no stream captures.
 pub(super) fn no_stream(event_type: &str) -> Hold {
     let reason = format!(
-        "no stream captures `{event_type}`: create one (`outbox stream ensure`), then release the row (`outbox unblock`)"
+        "no stream captures `{event_type}`: create one (`outbox stream ensure`); the relay releases the row by itself within seconds of a stream capturing the type"
     );
     Hold::new(HoldCause::NoStream, reason)
+}
+
+/// A row of `event_type`, whose stream `stream` has `settings` that lose what it acknowledged
+/// or store it elsewhere ([`unsafe_settings`](crate::unsafe_settings)).
+pub(super) fn unsafe_stream(event_type: &str, stream: &str, settings: &[String]) -> Hold {
+    let reason = format!(
+        "stream `{stream}`, which captures `{event_type}`, cannot be trusted with the outbox's events, so the relay sends it none: {}; the relay releases the row by itself within seconds of the stream being fixed",
+        settings.join("; ")
+    );
+    Hold::new(HoldCause::UnsafeStream, reason)
+}
+
+/// A row of `event_type`, a message of which stream `stream` stored under `stored_as`.
+pub(super) fn mapped(event_type: &str, stream: &str, stored_as: &str) -> Hold {
+    let reason = format!(
+        "the server stored a `{event_type}` message under `{stored_as}` in stream `{stream}`: an account subject mapping (or a transform) moves the type where consumers filtering on `{event_type}` never see it, so it does not count as published; remove the mapping, then release the row (`outbox unblock`)"
+    );
+    Hold::new(HoldCause::Mapped, reason)
+}
+
+/// Releases the holds a stream caused ([`HoldCause::releases_itself`]) of the types a safe
+/// stream captures now, each type looked up afresh: due now, so the lane that owns the subject
+/// publishes its held head, then the rows behind it, in order (the schedule is never dropped
+/// here: only a publish of the head releases the subject). Then lets the relay try again the
+/// types it found stored under another subject whose holds an operator released.
+pub(super) async fn release_cleared(
+    pool: &PgPool,
+    jetstream: &jetstream::Context,
+    streams: &Streams,
+    horizon: Duration,
+) -> sqlx::Result<()> {
+    let causes: Vec<&str> = HoldCause::ALL
+        .iter()
+        .filter(|c| c.releases_itself())
+        .map(|c| c.label())
+        .collect();
+    let types: Vec<String> = sqlx::query_scalar(sql::HELD_TYPES)
+        .bind(&causes)
+        .fetch_all(pool)
+        .await?;
+    for event_type in types {
+        if crate::naming::check_event_type(&event_type).is_err() {
+            continue;
+        }
+        let lookup = streams.refresh(jetstream, &event_type, horizon);
+        let capture = tokio::time::timeout(LOOKUP_TIMEOUT, lookup)
+            .await
+            .unwrap_or(Capture::Unknown);
+        let Capture::Stream { name } = capture else {
+            continue;
+        };
+        if streams.refusal(&event_type).is_some() {
+            continue;
+        }
+        let reason = format!(
+            "stream `{name}` captures `{event_type}` and is safe: the relay released the row by itself, and it goes now"
+        );
+        let released: i64 = sqlx::query_scalar(sql::RELEASE_HELD)
+            .bind(&event_type)
+            .bind(&causes)
+            .bind(reason)
+            .bind(crate::NOTIFY_CHANNEL)
+            .fetch_one(pool)
+            .await?;
+        if released > 0 {
+            tracing::info!(
+                event_type = %crate::naming::shorten(&event_type),
+                stream = %name,
+                subjects = released,
+                "outbox relay released the subjects it held for their type's stream: a safe stream captures the type now"
+            );
+        }
+    }
+    let mapped: HashSet<String> = sqlx::query_scalar(sql::HELD_TYPES)
+        .bind([HoldCause::Mapped.label()])
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .collect();
+    streams.forget_mapped(&mapped);
+    Ok(())
 }
 
 /// The relay's own checks of a row before it is sent (docs/relay.md, *Held rows*).
@@ -161,6 +284,26 @@ mod tests {
             assert!(!cause.attempted(), "{cause:?} is the relay's own check");
         }
         assert!(NoStream.attempted() && Refused.attempted());
+        for cause in [UnsafeStream, Mapped] {
+            assert!(
+                !cause.attempted(),
+                "{cause:?}: nothing failed at the broker"
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_streams_causes_release_themselves() {
+        for cause in HoldCause::ALL {
+            assert_eq!(
+                cause.releases_itself(),
+                matches!(cause, HoldCause::NoStream | HoldCause::UnsafeStream),
+                "{cause:?}"
+            );
+        }
+        let labels: std::collections::BTreeSet<_> =
+            HoldCause::ALL.iter().map(|c| c.label()).collect();
+        assert_eq!(labels.len(), HoldCause::ALL.len(), "one label each");
     }
 
     fn row(event_type: &str, attempts: i32, event_ok: bool) -> Row {

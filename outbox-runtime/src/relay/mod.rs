@@ -122,7 +122,8 @@ pub struct Relay {
     /// The NATS client's connection count when the pauses were last looked at: a reconnect
     /// ends the pauses of the subjects the broker could not take.
     connects_seen: std::sync::atomic::AtomicU64,
-    streams: streams::Streams,
+    /// What the relay knows of the streams; shared with its housekeeping task.
+    streams: std::sync::Arc<streams::Streams>,
     counters: stats::Counters,
     /// What [`Relay::health`] reports.
     health: std::sync::Arc<stats::Health>,
@@ -265,7 +266,7 @@ impl Relay {
             jetstream,
             connects_seen,
             pauses: backoff::SubjectBackoff::new(PAUSE_BASE, PAUSE_MAX),
-            streams: streams::Streams::new(elections),
+            streams: std::sync::Arc::new(streams::Streams::new(elections)),
             counters: stats::Counters::default(),
             health: std::sync::Arc::new(stats::Health::new(config.lanes)),
             waker: Default::default(),

@@ -3,15 +3,14 @@
 //! batch* and *Failures*). Nothing here touches the database: the result is a [`Settled`] that
 //! the claim applies.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::IntoFuture;
 use std::time::Duration;
 
 use async_nats::connection::State;
 use async_nats::jetstream;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind as Kind};
+use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::publish::PublishAck;
-use async_nats::jetstream::ErrorCode;
 use chrono::Utc;
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
@@ -19,8 +18,8 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::config::RelayConfig;
 pub(super) use super::failure::Failure;
-use super::failure::{before_2_11, jetstream_code, DUPLICATE_IN_PROCESS};
-use super::held::{check, fits, no_stream};
+use super::failure::{before_2_11, classify, Ask, Facts, Lookup, Verdict};
+use super::held::{check, fits};
 pub(super) use super::held::{Hold, HoldCause};
 use super::message::message;
 use super::row::Row;
@@ -42,8 +41,9 @@ pub(super) struct Settled {
     pub(super) acked: Vec<usize>,
     /// Of `acked`, acks flagged as duplicates.
     pub(super) duplicates: usize,
-    /// Attempted and failed: one more attempt each, and their subject backs off.
-    pub(super) failed: Vec<(usize, Failure)>,
+    /// Attempted and failed: one more attempt each, and their subject backs off (or is held,
+    /// at the attempt cap).
+    pub(super) failed: Vec<(usize, FailedAttempt)>,
     /// Never reached the broker, or reached it while it could take nothing (an election): no
     /// attempt spent.
     pub(super) not_attempted: Vec<(usize, Failure)>,
@@ -51,6 +51,14 @@ pub(super) struct Settled {
     pub(super) held: Vec<(usize, Hold)>,
     /// Not tried: after a row of their subject that did not succeed, or after the deadline.
     pub(super) skipped: usize,
+}
+
+/// A publish the broker answered with a failure, or left without an ack while it could answer.
+#[derive(Debug)]
+pub(super) struct FailedAttempt {
+    pub(super) failure: Failure,
+    /// This attempt was the row's last: it reached `max_attempts`, and its subject is held.
+    pub(super) at_cap: bool,
 }
 
 /// The rows of each subject as a chain in claim order: the first row of every subject is
@@ -105,13 +113,30 @@ pub(super) struct Publisher<'a> {
     pub(super) streams: &'a Streams,
 }
 
-/// How a failed publish goes on.
-enum Next {
-    /// Send it again after [`ELECTION_RETRY_DELAY`].
-    Retry,
-    Failed(Failure),
-    NotAttempted(Failure),
-    Held(Hold),
+/// Where a row is in its batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Leg {
+    /// Not sent yet, or done with.
+    #[default]
+    Ground,
+    /// Sent and awaiting its ack.
+    Flying,
+    /// Waiting to be sent again (an election may be ending).
+    Waiting,
+}
+
+/// One row's flight through its batch.
+#[derive(Debug, Default)]
+struct Flight {
+    leg: Leg,
+    /// How often it was sent again within the batch.
+    retries: u8,
+    /// The context it is sent in (its `traceparent` header), once it was prepared: the same on
+    /// every send of the row within the batch.
+    sent_in: Option<TraceContext>,
+    /// Its `outbox.publish` span, from its first send to its ack or its end.
+    #[cfg(feature = "opentelemetry")]
+    span: Option<tracing::Span>,
 }
 
 /// One batch's publishing state.
@@ -120,11 +145,8 @@ struct Run<'a> {
     to: Publisher<'a>,
     chains: Chains,
     settled: Settled,
-    /// Rows sent and awaiting their ack.
-    flying: Vec<bool>,
-    /// Rows waiting to be sent again, and how often they were.
-    waiting: Vec<bool>,
-    retries: Vec<u8>,
+    /// Each row's flight, by index.
+    flights: Vec<Flight>,
     deadline: Instant,
     expired: bool,
     /// The client's connection count when the batch started.
@@ -133,19 +155,23 @@ struct Run<'a> {
     elections: HashMap<String, bool>,
     /// Per event type, the stream that captures it, as looked up during this batch (once per
     /// type, an unanswered lookup included: a silent broker costs each type one wait, not each
-    /// row).
-    captures: HashMap<String, Capture>,
+    /// row), and whether it was asked of the broker (rather than the relay's cache).
+    captures: HashMap<String, (Capture, bool)>,
     /// Whether a duplicate ack is checked against the stream before it counts (servers older
     /// than 2.11, whose dedupe map could outlive a message lost in a leader change).
     verify_duplicates: bool,
-    /// The context each row is sent in (its `traceparent` header), once it was prepared: the
-    /// same on every send of the row within the batch.
-    sent_in: Vec<Option<TraceContext>>,
     /// New roots for the rows that have no trace context to send.
     roots: Roots,
-    /// Each row's `outbox.publish` span, from its first send to its ack or its end.
-    #[cfg(feature = "opentelemetry")]
-    spans: Vec<Option<tracing::Span>>,
+    /// The types whose stored subject was read back from an ack in this batch (once per type
+    /// and batch at most), and of them, those stored under another subject, with their hold.
+    subjects_checked: HashSet<String>,
+    stored_elsewhere: HashMap<String, Hold>,
+}
+
+/// A message as a stream stored it, read back at an ack's sequence.
+struct StoredMessage {
+    subject: String,
+    id: Option<String>,
 }
 
 impl<'a> Run<'a> {
@@ -156,19 +182,16 @@ impl<'a> Run<'a> {
             to,
             chains: Chains::new(rows.iter().map(|r| r.subject.as_str())),
             settled: Settled::default(),
-            flying: vec![false; rows.len()],
-            waiting: vec![false; rows.len()],
-            retries: vec![0; rows.len()],
+            flights: rows.iter().map(|_| Flight::default()).collect(),
             deadline: Instant::now() + to.config.ack_timeout,
             expired: false,
             connects: connects(to.jetstream),
             elections: HashMap::new(),
             captures: HashMap::new(),
             verify_duplicates: before_2_11(&to.jetstream.client().server_info().version),
-            sent_in: vec![None; rows.len()],
             roots: Roots::new(),
-            #[cfg(feature = "opentelemetry")]
-            spans: vec![None; rows.len()],
+            subjects_checked: HashSet::new(),
+            stored_elsewhere: HashMap::new(),
         }
     }
 
@@ -177,7 +200,7 @@ impl<'a> Run<'a> {
     /// OpenTelemetry layer, or the span filtered out) the emit context itself, or a new random
     /// root.
     fn sent_in(&mut self, i: usize) -> TraceContext {
-        if let Some(cx) = &self.sent_in[i] {
+        if let Some(cx) = &self.flights[i].sent_in {
             return cx.clone();
         }
         #[cfg(feature = "opentelemetry")]
@@ -187,7 +210,7 @@ impl<'a> Run<'a> {
         let cx = spanned
             .or_else(|| self.rows[i].trace.clone())
             .unwrap_or_else(|| self.roots.next());
-        self.sent_in[i] = Some(cx.clone());
+        self.flights[i].sent_in = Some(cx.clone());
         cx
     }
 
@@ -216,7 +239,7 @@ impl<'a> Run<'a> {
         let started = span.context().span().span_context().clone();
         let cx = TraceContext::of_span_context(&started)?;
         tracing::Span::current().add_link(started);
-        self.spans[i] = Some(span);
+        self.flights[i].span = Some(span);
         Some(cx)
     }
 
@@ -225,7 +248,7 @@ impl<'a> Run<'a> {
     #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
     fn end_span(&mut self, i: usize, why: Option<&dyn std::fmt::Display>) {
         #[cfg(feature = "opentelemetry")]
-        if let Some(span) = self.spans[i].take() {
+        if let Some(span) = self.flights[i].span.take() {
             if let Some(why) = why {
                 span.record("otel.status_code", "error");
                 span.record("otel.status_description", tracing::field::display(why));
@@ -240,18 +263,58 @@ impl<'a> Run<'a> {
         result: Result<PublishAck, PublishError>,
         delayed: &mut FuturesUnordered<futures::future::BoxFuture<'f, usize>>,
     ) {
+        self.flights[i].leg = Leg::Ground;
         match result {
-            Ok(ack) if ack.duplicate && self.verify_duplicates => {
-                if self.duplicate_stored(i, &ack).await {
-                    self.acked(i, ack);
-                } else {
-                    self.flying[i] = false;
-                    self.settle(i, Next::NotAttempted(Failure::UnverifiedDuplicate));
-                }
-            }
-            Ok(ack) => self.acked(i, ack),
+            Ok(ack) => match self.stored(i, &ack).await {
+                Ok(()) => self.acked(i, ack),
+                Err(verdict) => self.settle(i, verdict),
+            },
             Err(e) => self.failed(i, Failure::Publish(e), delayed).await,
         }
+    }
+
+    /// Whether `ack` of row `i` counts: `Err` with what it comes to when the stream stored the
+    /// message under another subject than the row's type (an account subject mapping), or when
+    /// a duplicate ack points at a message the stream does not hold as the row's (a server
+    /// before 2.11, or a message stored elsewhere). The stored message is read back only when
+    /// a check is due: a duplicate from a server before 2.11, and the first ack of a type in a
+    /// batch whose subject was not checked within a minute or that another stream than the
+    /// type's acknowledged.
+    async fn stored(&mut self, i: usize, ack: &PublishAck) -> Result<(), Verdict> {
+        let rows = self.rows;
+        let event_type = rows[i].event_type();
+        if let Some(hold) = self.stored_elsewhere.get(event_type) {
+            // sent before its type was found moved in this batch: moved too
+            return Err(Verdict::Held(hold.clone()));
+        }
+        let check_duplicate = ack.duplicate && self.verify_duplicates;
+        let check_subject = !self.subjects_checked.contains(event_type)
+            && self.to.streams.subject_check_due(event_type, &ack.stream);
+        if !check_duplicate && !check_subject {
+            return Ok(());
+        }
+        let stored = self.read_back(ack).await;
+        let elsewhere = stored.as_ref().is_some_and(|m| m.subject != event_type);
+        if ack.duplicate && elsewhere {
+            // the id is the stream's from an earlier send that went elsewhere: sent again until
+            // the duplicate window forgets it (then a mapping still there holds the type)
+            return Err(Verdict::NotAttempted(Failure::UnverifiedDuplicate));
+        }
+        if check_subject {
+            self.subjects_checked.insert(event_type.to_owned());
+            let subject = stored.as_ref().map(|m| m.subject.as_str());
+            let streams = self.to.streams;
+            if let Some(hold) = streams.stored_under(event_type, &ack.stream, subject) {
+                self.stored_elsewhere
+                    .insert(event_type.to_owned(), hold.clone());
+                return Err(Verdict::Held(hold));
+            }
+        }
+        let id = rows[i].id.to_string();
+        if check_duplicate && stored.and_then(|m| m.id).as_deref() != Some(id.as_str()) {
+            return Err(Verdict::NotAttempted(Failure::UnverifiedDuplicate));
+        }
+        Ok(())
     }
 
     fn connected(&self) -> bool {
@@ -264,24 +327,29 @@ impl<'a> Run<'a> {
     }
 
     /// Row `i` (and the rest of its chain) is done with, without success.
-    fn settle(&mut self, i: usize, next: Next) {
-        match &next {
-            Next::Retry => unreachable!("a retry is not an end"),
-            Next::Failed(f) | Next::NotAttempted(f) => self.end_span(i, Some(f)),
-            Next::Held(h) => self.end_span(i, Some(&h.reason)),
+    fn settle(&mut self, i: usize, verdict: Verdict) {
+        self.flights[i].leg = Leg::Ground;
+        match &verdict {
+            Verdict::Retry => unreachable!("a retry is not an end"),
+            Verdict::Failed { failure: f, .. } | Verdict::NotAttempted(f) => {
+                self.end_span(i, Some(f));
+            }
+            Verdict::Held(h) => self.end_span(i, Some(&h.reason)),
         }
         let settled = &mut self.settled;
-        match next {
-            Next::Retry => unreachable!("a retry is not an end"),
-            Next::Failed(f) => settled.failed.push((i, f)),
-            Next::NotAttempted(f) => settled.not_attempted.push((i, f)),
-            Next::Held(h) => settled.held.push((i, h)),
+        match verdict {
+            Verdict::Retry => unreachable!("a retry is not an end"),
+            Verdict::Failed { failure, at_cap } => {
+                settled.failed.push((i, FailedAttempt { failure, at_cap }));
+            }
+            Verdict::NotAttempted(f) => settled.not_attempted.push((i, f)),
+            Verdict::Held(h) => settled.held.push((i, h)),
         }
         self.settled.skipped += self.chains.rest_after(i);
     }
 
     fn acked(&mut self, i: usize, ack: PublishAck) {
-        self.flying[i] = false;
+        self.flights[i].leg = Leg::Ground;
         self.end_span(i, None);
         self.settled.acked.push(i);
         if ack.duplicate {
@@ -297,56 +365,47 @@ impl<'a> Run<'a> {
         self.chains.acked(i);
     }
 
-    /// How row `i` goes on after `failure`.
-    async fn judge(&mut self, i: usize, failure: Failure) -> Next {
-        let connected = self.connected();
+    /// What row `i` knows now, before any lookup.
+    fn facts(&self, i: usize) -> Facts {
+        let row = &self.rows[i];
+        let flight = &self.flights[i];
+        let time_left = self.deadline.saturating_duration_since(Instant::now());
+        Facts {
+            connected: self.connected(),
+            reconnected: self.reconnected(),
+            may_retry: flight.retries < ELECTION_RETRIES && time_left > ELECTION_RETRY_DELAY,
+            last_attempt: row.attempts + 1 >= self.to.config.max_attempts,
+            capture: self.captures.get(row.event_type()).cloned(),
+            elected: None,
+        }
+    }
+
+    /// What `failure` of row `i` comes to ([`classify`]), with the lookups it asks for made
+    /// here: once per type (and per stream) and batch, a second at most each.
+    async fn judge(&mut self, i: usize, failure: Failure) -> Verdict {
         let rows = self.rows;
         let event_type = rows[i].event_type();
-        let election = match &failure {
-            Failure::NotConnected => return Next::NotAttempted(failure),
-            Failure::Deadline | Failure::Election if !connected => {
-                return Next::NotAttempted(failure)
+        let mut facts = self.facts(i);
+        let mut failure = failure;
+        loop {
+            if let Some((Capture::Stream { name }, _)) = &facts.capture {
+                facts.elected = self.elections.get(name).copied();
             }
-            Failure::Deadline | Failure::LeaderChange => return self.timed_out(event_type).await,
-            Failure::Election
-            | Failure::Reconnected
-            | Failure::UnverifiedDuplicate
-            | Failure::InProcess => return Next::NotAttempted(failure),
-            Failure::Publish(e) => match e.kind() {
-                Kind::MaxPayloadExceeded => {
-                    let reason =
-                        format!("its message is larger than the server's max_payload: {e}");
-                    return Next::Held(Hold::new(HoldCause::TooLarge, reason));
-                }
-                Kind::MaxAckPending => return Next::NotAttempted(failure),
-                Kind::TimedOut if connected => return self.timed_out(event_type).await,
-                Kind::StreamNotFound => true,
-                Kind::Other => match jetstream_code(e) {
-                    Some(ErrorCode::CLUSTER_NOT_AVAILABLE) => true,
-                    // an earlier send of this row is being stored: costs no attempt
-                    Some(DUPLICATE_IN_PROCESS) => return Next::NotAttempted(Failure::InProcess),
-                    Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
-                        let reason = format!("the stream refuses it: {failure}");
-                        return Next::Held(Hold::new(HoldCause::Refused, reason));
+            match classify(failure, event_type, &facts) {
+                Ok(verdict) => return verdict,
+                Err(Ask { failure: f, lookup }) => {
+                    failure = f;
+                    match lookup {
+                        Lookup::Capture { fresh } => {
+                            facts.capture = Some(self.capture_of(event_type, fresh).await);
+                        }
+                        Lookup::Election { name } => {
+                            let elected = self.elected(&name).await;
+                            facts.elected = Some(elected);
+                        }
                     }
-                    _ if !connected || self.reconnected() => return Next::NotAttempted(failure),
-                    _ => return Next::Failed(failure),
-                },
-                _ if !connected || self.reconnected() => return Next::NotAttempted(failure),
-                _ => return Next::Failed(failure),
-            },
-        };
-        debug_assert!(election);
-        let capture = self.capture_of(event_type, true).await;
-        if capture == Capture::Nothing {
-            return Next::Held(no_stream(event_type));
-        }
-        let time_left = self.deadline.saturating_duration_since(Instant::now());
-        if self.retries[i] < ELECTION_RETRIES && time_left > ELECTION_RETRY_DELAY {
-            self.retries[i] += 1;
-            Next::Retry
-        } else {
-            Next::NotAttempted(Failure::Election)
+                }
+            }
         }
     }
 
@@ -357,18 +416,20 @@ impl<'a> Run<'a> {
         failure: Failure,
         delayed: &mut FuturesUnordered<futures::future::BoxFuture<'f, usize>>,
     ) {
-        self.flying[i] = false;
+        self.flights[i].leg = Leg::Ground;
         match self.judge(i, failure).await {
-            Next::Retry => {
-                self.waiting[i] = true;
+            Verdict::Retry => {
+                self.flights[i].retries += 1;
+                self.flights[i].leg = Leg::Waiting;
                 delayed.push(sleep(ELECTION_RETRY_DELAY).map(move |()| i).boxed());
             }
-            next => self.settle(i, next),
+            verdict => self.settle(i, verdict),
         }
     }
 
     /// The message of ready row `i`, or `None` when it is not sent: out of time (it and the
-    /// rest of its chain are skipped), or held by the relay's own checks.
+    /// rest of its chain are skipped), or held by the relay's own checks or because its type's
+    /// stream is unsafe, or its type stored elsewhere ([`Streams::refusal`]).
     fn prepare(&mut self, i: usize) -> Option<(Vec<u8>, async_nats::HeaderMap)> {
         if self.expired {
             self.settled.skipped += 1 + self.chains.rest_after(i);
@@ -376,7 +437,12 @@ impl<'a> Run<'a> {
         }
         let max_payload = self.to.jetstream.client().server_info().max_payload;
         let rows = self.rows;
+        let streams = self.to.streams;
         let checked = check(&rows[i], self.to.config)
+            .and_then(|event| match streams.refusal(&event.event_type) {
+                Some(hold) => Err(hold),
+                None => Ok(event),
+            })
             .and_then(|event| {
                 message(&rows[i], event, &self.sent_in(i))
                     .map_err(|e| Hold::new(HoldCause::Unreadable, e.to_string()))
@@ -385,65 +451,49 @@ impl<'a> Run<'a> {
         match checked {
             Ok(m) => Some(m),
             Err(hold) => {
-                self.settle(i, Next::Held(hold));
+                self.settle(i, Verdict::Held(hold));
                 None
             }
         }
     }
 
-    /// A row of `event_type` got no ack in time while connected: an attempt, unless its
-    /// stream changed leader within two ack timeouts, or cannot say who leads it (then the ack
-    /// was lost to the election).
-    async fn timed_out(&mut self, event_type: &str) -> Next {
-        if !self.connected() {
-            return Next::NotAttempted(Failure::Deadline);
-        }
-        if self.reconnected() {
-            return Next::NotAttempted(Failure::Reconnected);
-        }
-        let elected = match self.capture_of(event_type, false).await {
-            Capture::Nothing => false,
-            Capture::Unknown => true,
-            Capture::Stream { name } => match self.elections.get(&name) {
-                Some(&elected) => elected,
-                None => {
-                    let streams = self.to.streams;
-                    let window = 2 * self.to.config.ack_timeout;
-                    let elected = streams
-                        .elected_recently(self.to.jetstream, &name, window)
-                        .await;
-                    self.elections.insert(name, elected);
-                    elected
-                }
-            },
-        };
-        if elected {
-            Next::NotAttempted(Failure::LeaderChange)
-        } else {
-            Next::Failed(Failure::Deadline)
-        }
-    }
-
     /// The stream that captures `event_type`: from this batch's lookups, the relay's cache
     /// (unless `fresh`: a "no responders" asks the broker again), or looked up (a second at
-    /// most), once per type and batch.
-    async fn capture_of(&mut self, event_type: &str, fresh: bool) -> Capture {
-        if let Some(capture) = self.captures.get(event_type) {
-            return capture.clone();
+    /// most), once per type and batch; with whether it was asked of the broker.
+    async fn capture_of(&mut self, event_type: &str, fresh: bool) -> (Capture, bool) {
+        if let Some(known) = self.captures.get(event_type) {
+            if known.1 || !fresh {
+                return known.clone();
+            }
         }
         let streams = self.to.streams;
-        let capture = match streams.cached_stream(event_type) {
-            Some(name) if !fresh => Capture::Stream { name },
-            _ => lookup(self.to, event_type).await,
+        let known = match streams.cached_stream(event_type) {
+            Some(name) if !fresh => (Capture::Stream { name }, false),
+            _ if fresh => (refresh(self.to, event_type).await, true),
+            _ => (lookup(self.to, event_type).await, true),
         };
-        self.captures.insert(event_type.to_owned(), capture.clone());
-        capture
+        self.captures.insert(event_type.to_owned(), known.clone());
+        known
     }
 
-    /// Whether the stream holds the message a duplicate ack for row `i` points at: its
-    /// sequence, under the row's id.
-    async fn duplicate_stored(&self, i: usize, ack: &PublishAck) -> bool {
-        let id = self.rows[i].id.to_string();
+    /// Whether stream `name` changed leader within two ack timeouts: asked once per batch.
+    async fn elected(&mut self, name: &str) -> bool {
+        if let Some(&elected) = self.elections.get(name) {
+            return elected;
+        }
+        let window = 2 * self.to.config.ack_timeout;
+        let elected = self
+            .to
+            .streams
+            .elected_recently(self.to.jetstream, name, window)
+            .await;
+        self.elections.insert(name.to_owned(), elected);
+        elected
+    }
+
+    /// The message `ack` points at, as its stream stored it (a second at most); `None` when it
+    /// cannot be read (no answer, no permission, gone).
+    async fn read_back(&self, ack: &PublishAck) -> Option<StoredMessage> {
         let read = async {
             let stream = self
                 .to
@@ -452,13 +502,20 @@ impl<'a> Run<'a> {
                 .await
                 .ok()?;
             let message = stream.get_raw_message(ack.sequence).await.ok()?;
-            let stored_id = message
+            let id = message
                 .headers
                 .get(async_nats::header::NATS_MESSAGE_ID)
                 .map(|v| v.as_str().to_owned());
-            Some(stored_id.as_deref() == Some(id.as_str()))
+            Some(StoredMessage {
+                subject: message.subject.to_string(),
+                id,
+            })
         };
-        timeout(LOOKUP_TIMEOUT, read).await.ok().flatten() == Some(true)
+        let stored = timeout(LOOKUP_TIMEOUT, read).await.ok().flatten();
+        if stored.is_none() {
+            tracing::debug!(stream = %ack.stream, sequence = ack.sequence, "outbox relay could not read back an acknowledged message");
+        }
+        stored
     }
 
     /// The deadline passed: rows awaiting their ack failed (or were not attempted, if their
@@ -467,26 +524,26 @@ impl<'a> Run<'a> {
         // the streams, and then their elections, of every row awaiting its ack, looked up at
         // once: each lookup waits a second at most, so a silent broker holds the batch about
         // two seconds past its deadline, however many types and streams it has
-        let flying: std::collections::BTreeSet<&str> = (0..self.rows.len())
-            .filter(|&i| self.flying[i])
+        let flying: BTreeSet<&str> = (0..self.rows.len())
+            .filter(|&i| self.flights[i].leg == Leg::Flying)
             .map(|i| self.rows[i].event_type())
             .filter(|t| !self.captures.contains_key(*t))
             .collect();
         let to = self.to;
         let found = futures::future::join_all(flying.into_iter().map(|t| async move {
-            let capture = match to.streams.cached_stream(t) {
-                Some(name) => Capture::Stream { name },
-                None => lookup(to, t).await,
+            let known = match to.streams.cached_stream(t) {
+                Some(name) => (Capture::Stream { name }, false),
+                None => (lookup(to, t).await, true),
             };
-            (t.to_owned(), capture)
+            (t.to_owned(), known)
         }))
         .await;
         self.captures.extend(found);
-        let streams: std::collections::BTreeSet<String> = self
+        let streams: BTreeSet<String> = self
             .captures
             .values()
             .filter_map(|c| match c {
-                Capture::Stream { name } if !self.elections.contains_key(name) => {
+                (Capture::Stream { name }, _) if !self.elections.contains_key(name) => {
                     Some(name.clone())
                 }
                 _ => None,
@@ -503,14 +560,13 @@ impl<'a> Run<'a> {
         .await;
         self.elections.extend(elected);
         for i in 0..self.rows.len() {
-            if self.flying[i] {
-                self.flying[i] = false;
-                let rows = self.rows;
-                let next = self.timed_out(rows[i].event_type()).await;
-                self.settle(i, next);
-            } else if self.waiting[i] {
-                self.waiting[i] = false;
-                self.settle(i, Next::NotAttempted(Failure::Election));
+            match self.flights[i].leg {
+                Leg::Flying => {
+                    let verdict = self.judge(i, Failure::Deadline).await;
+                    self.settle(i, verdict);
+                }
+                Leg::Waiting => self.settle(i, Verdict::NotAttempted(Failure::Election)),
+                Leg::Ground => {}
             }
         }
     }
@@ -519,6 +575,7 @@ impl<'a> Run<'a> {
 /// Publishes `rows`: each subject's rows one after the other (the next sent on the previous
 /// one's ack), all subjects at once, every send and ack before `ack_timeout` from now.
 pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
+    look_up_streams(rows, to).await;
     let mut run = Run::new(rows, to);
     // One timer for the whole batch, raced against every send and every wait.
     let expiry = sleep_until(run.deadline);
@@ -555,13 +612,13 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
             };
             match sent {
                 Some(Ok(ack)) => {
-                    run.flying[i] = true;
+                    run.flights[i].leg = Leg::Flying;
                     in_flight.push(ack.into_future().map(move |r| (i, r)));
                 }
                 Some(Err(e)) => run.failed(i, Failure::Publish(e), &mut delayed).await,
                 None => {
                     run.expired = true;
-                    run.flying[i] = true; // sent or not, its fate is the deadline's
+                    run.flights[i].leg = Leg::Flying; // sent or not, its fate is the deadline's
                 }
             }
         }
@@ -575,7 +632,7 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
             biased;
             Some(d) = in_flight.next(), if !in_flight.is_empty() => done.push(d),
             Some(i) = delayed.next(), if !delayed.is_empty() => {
-                run.waiting[i] = false;
+                run.flights[i].leg = Leg::Ground;
                 run.chains.again(i);
             }
             () = &mut expiry => run.expired = true,
@@ -585,12 +642,38 @@ pub(super) async fn publish(rows: &[Row], to: Publisher<'_>) -> Settled {
     run.settled
 }
 
+/// Looks up, at once, the streams of the types of `rows` that the relay has not looked up
+/// lately, before anything is sent: a type's stream is found, and its configuration read
+/// ([`Streams::refusal`] then refuses an unsafe one), before the type's first publish, not
+/// after. Each lookup waits [`LOOKUP_TIMEOUT`] at most, and a type looked up within five
+/// minutes is not asked again, so this costs a batch nothing in the steady state.
+async fn look_up_streams(rows: &[Row], to: Publisher<'_>) {
+    let stale: BTreeSet<&str> = rows
+        .iter()
+        .map(Row::event_type)
+        .filter(|t| crate::naming::check_event_type(t).is_ok() && to.streams.is_stale(t))
+        .collect();
+    futures::future::join_all(stale.into_iter().map(|t| lookup(to, t))).await;
+}
+
 /// Looks up the stream that captures `event_type`, waiting [`LOOKUP_TIMEOUT`] at most.
 async fn lookup(to: Publisher<'_>, event_type: &str) -> Capture {
     let horizon = to.config.retry_horizon();
     timeout(
         LOOKUP_TIMEOUT,
         to.streams.capture(to.jetstream, event_type, horizon),
+    )
+    .await
+    .unwrap_or(Capture::Unknown)
+}
+
+/// Asks JetStream which stream captures `event_type` now, whatever the relay's cache says,
+/// waiting [`LOOKUP_TIMEOUT`] at most.
+async fn refresh(to: Publisher<'_>, event_type: &str) -> Capture {
+    let horizon = to.config.retry_horizon();
+    timeout(
+        LOOKUP_TIMEOUT,
+        to.streams.refresh(to.jetstream, event_type, horizon),
     )
     .await
     .unwrap_or(Capture::Unknown)

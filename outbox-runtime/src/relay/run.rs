@@ -67,6 +67,9 @@ impl Relay {
             AbortOnDrop(tokio::spawn(housekeeping(
                 self.pool.clone(),
                 self.config.max_attempts,
+                self.jetstream.clone(),
+                self.streams.clone(),
+                self.config.retry_horizon(),
             ))),
         ];
         // aborted if `run` is dropped: a cancelled relay stops renewing, as a killed one would
@@ -350,9 +353,18 @@ struct Waits {
     term_ends: Instant,
 }
 
-/// The backlog gauges and the stale retry schedules, at start and every [`GAUGE_INTERVAL`]:
-/// the gauges operators alert on exist wherever a relay runs.
-async fn housekeeping(pool: sqlx::PgPool, max_attempts: i32) {
+/// At start and every [`GAUGE_INTERVAL`]: the backlog gauges (the gauges operators alert on
+/// exist wherever a relay runs), the stale retry schedules, the configuration of every stream
+/// the relay has met (a stream that turned unsafe is refused from then on: its types' rows are
+/// held), and the holds a stream caused, released once a safe stream captures their type
+/// (docs/relay.md, *Held rows*).
+async fn housekeeping(
+    pool: sqlx::PgPool,
+    max_attempts: i32,
+    jetstream: async_nats::jetstream::Context,
+    streams: std::sync::Arc<super::streams::Streams>,
+    horizon: Duration,
+) {
     let mut tick = tokio::time::interval(GAUGE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -362,6 +374,10 @@ async fn housekeeping(pool: sqlx::PgPool, max_attempts: i32) {
         }
         if let Err(e) = move_stale_schedules(&pool).await {
             tracing::debug!(error = %e, "outbox retry schedules not looked at");
+        }
+        streams.recheck(&jetstream, horizon).await;
+        if let Err(e) = super::held::release_cleared(&pool, &jetstream, &streams, horizon).await {
+            tracing::debug!(error = %e, "outbox holds of fixed streams not looked at");
         }
     }
 }

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::claim::{ctids, subjects};
 use super::cursor::Cursor;
 use super::position::Position;
-use super::publish::{HoldCause, Settled};
+use super::publish::{FailedAttempt, HoldCause, Settled};
 use super::row::Row;
 use super::sql;
 use super::stats::BatchReport;
@@ -163,26 +163,31 @@ async fn park(tx: &mut Tx, relay: &Relay, rows: &[Row], settled: &Settled) -> Re
     let mut ids = Vec::new();
     let mut delays: Vec<Option<f64>> = Vec::new();
     let mut reasons = Vec::new();
-    for (i, failure) in &settled.failed {
+    let mut causes: Vec<Option<&str>> = Vec::new();
+    for (i, failed) in &settled.failed {
         let row = &rows[*i];
+        let failure = &failed.failure;
         ids.push(row.id);
-        if row.attempts + 1 >= config.max_attempts {
+        if failed.at_cap {
             delays.push(None);
             reasons.push(format!(
                 "it reached the attempt cap ({}): {failure}",
                 config.max_attempts
             ));
+            causes.push(Some(HoldCause::AtCap.label()));
         } else {
             delays.push(Some(
                 config.backoff((row.attempts + 1) as u32).as_secs_f64() * 1000.0,
             ));
             reasons.push(failure.to_string());
+            causes.push(None);
         }
     }
     for (i, hold) in &settled.held {
         ids.push(rows[*i].id);
         delays.push(None);
         reasons.push(hold.reason.clone());
+        causes.push(Some(hold.cause.label()));
     }
     if !ids.is_empty() {
         timed(
@@ -191,6 +196,7 @@ async fn park(tx: &mut Tx, relay: &Relay, rows: &[Row], settled: &Settled) -> Re
                 .bind(&ids)
                 .bind(&delays)
                 .bind(&reasons)
+                .bind(&causes)
                 .execute(tx.conn()),
         )
         .await?;
@@ -211,11 +217,11 @@ pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &Ba
     for (event_type, n) in published {
         metrics::counter!(names::PUBLISHED, "event_type" => event_type).increment(n);
     }
-    let max_attempts = relay.config.max_attempts;
-    for (i, failure) in &settled.failed {
+    for (i, failed) in &settled.failed {
         let row = &rows[*i];
+        let failure = &failed.failure;
         metrics::counter!(names::PUBLISH_FAILURES, "event_type" => type_of(*i), "reason" => failure.reason()).increment(1);
-        if row.attempts + 1 >= max_attempts {
+        if failed.at_cap {
             metrics::counter!(names::AT_CAP, "event_type" => type_of(*i)).increment(1);
             tracing::error!(id = %row.id, subject = %row.subject, attempts = row.attempts + 1, reason = failure.reason(), error = %failure,
                 "outbox event reached the attempt cap: it is held, with the later events of its subject, until an operator releases it (`outbox unblock`)");
@@ -229,8 +235,13 @@ pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &Ba
         if hold.cause == HoldCause::AtCap {
             metrics::counter!(names::AT_CAP, "event_type" => type_of(*i)).increment(1);
         }
-        tracing::error!(id = %row.id, subject = %crate::naming::shorten(&row.subject), cause = hold.cause.label(), reason = %hold.reason,
-            "outbox event held: it cannot be published as it is; the later events of its subject wait behind it until an operator releases it (`outbox unblock`)");
+        if hold.cause.releases_itself() {
+            tracing::error!(id = %row.id, subject = %crate::naming::shorten(&row.subject), cause = hold.cause.label(), reason = %hold.reason,
+                "outbox event held: its type's stream is missing or unsafe; the later events of its subject wait behind it until a safe stream captures the type, then the relay releases it by itself");
+        } else {
+            tracing::error!(id = %row.id, subject = %crate::naming::shorten(&row.subject), cause = hold.cause.label(), reason = %hold.reason,
+                "outbox event held: it cannot be published as it is; the later events of its subject wait behind it until an operator releases it (`outbox unblock`)");
+        }
     }
     let mut not_attempted: HashMap<(String, &'static str), u64> = HashMap::new();
     for (i, failure) in &settled.not_attempted {
@@ -245,7 +256,7 @@ pub(super) fn record(relay: &Relay, rows: &[Row], settled: &Settled, report: &Ba
     if report.duplicates > 0 {
         metrics::counter!(names::DUPLICATES).increment(report.duplicates as u64);
     }
-    if let Some((_, first)) = settled.failed.first() {
+    if let Some((_, FailedAttempt { failure: first, .. })) = settled.failed.first() {
         tracing::warn!(failed = settled.failed.len(), published = report.published, first_reason = first.reason(), first_error = %first,
             "outbox relay: publishes failed; their subjects back off");
     }

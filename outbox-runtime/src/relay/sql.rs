@@ -257,16 +257,18 @@ pub(super) const MARK_FAILED: &str =
     "update outbox_events set attempts = attempts + 1 where ctid = any($1)";
 
 /// Parks the subjects of the given rows (`$1`): retry after `$2` milliseconds, on the
-/// database's clock, or held when that is null; `$3` says why. One row per subject.
+/// database's clock, or held when that is null; `$3` says why, `$4` is the hold's cause (its
+/// label; null while it backs off). One row per subject.
 pub(super) const PARK: &str = "\
-insert into outbox_retries as r (subject, event_id, retry_at, reason)
+insert into outbox_retries as r (subject, event_id, retry_at, reason, cause)
 select o.subject, o.id,
        case when u.delay_ms is null then null else now() + u.delay_ms * interval '1 millisecond' end,
-       u.reason
-  from unnest($1::uuid[], $2::float8[], $3::text[]) as u(id, delay_ms, reason)
+       u.reason, u.cause
+  from unnest($1::uuid[], $2::float8[], $3::text[], $4::text[]) as u(id, delay_ms, reason, cause)
   join outbox_events o on o.id = u.id
     on conflict (subject) do update
-   set event_id = excluded.event_id, retry_at = excluded.retry_at, reason = excluded.reason";
+   set event_id = excluded.event_id, retry_at = excluded.retry_at, reason = excluded.reason,
+       cause = excluded.cause";
 
 /// Releases the subjects whose parked head (`$1`, ids) was published.
 pub(super) const UNPARK: &str = "delete from outbox_retries where event_id = any($1)";
@@ -314,6 +316,27 @@ select e.id, e.event_type, e.subject, e.attempts, r.reason, r.since,
   join outbox_events e on e.id = r.event_id
  where r.retry_at is null and e.published_at is null
  order by r.since, e.id";
+
+/// The event types of the rows held for one of the causes `$1` (labels), up to 1,000.
+pub(super) const HELD_TYPES: &str = "\
+select distinct e.event_type
+  from outbox_retries r
+  join outbox_events e on e.id = r.event_id
+ where r.retry_at is null and r.cause = any($1)
+ limit 1000";
+
+/// Releases the holds of type `$1` whose cause is one of `$2`: due now, so that the lane whose
+/// partition it is publishes the held head, and releases the subject in order once it is
+/// published; `$3` says why. Wakes every relay when it released any. Returns how many.
+pub(super) const RELEASE_HELD: &str = "\
+with released as (update outbox_retries r
+                     set retry_at = now(), cause = null, reason = $3
+                    from outbox_events e
+                   where e.id = r.event_id and e.event_type = $1
+                     and r.retry_at is null and r.cause = any($2)
+                  returning 1),
+     wake as (select pg_notify($4, '') from (select 1 from released limit 1) x)
+select (select count(*) from released) + 0 * (select count(*) from wake)";
 
 /// The event types of the unpublished rows (up to `$1`), for the relay's first check of the
 /// streams that capture them.

@@ -30,8 +30,9 @@ pub struct BatchReport {
 }
 
 impl BatchReport {
-    /// Adds what publishing came to.
-    pub(super) fn apply(&mut self, settled: &Settled, rows: &[Row], max_attempts: i32) {
+    /// Adds what publishing came to. (`_rows` and `_max_attempts` are no longer read: whether a
+    /// failure reached the attempt cap is decided where it is classified, and carried.)
+    pub(super) fn apply(&mut self, settled: &Settled, _rows: &[Row], _max_attempts: i32) {
         self.published += settled.acked.len();
         self.duplicates += settled.duplicates;
         self.failed += settled.failed.len();
@@ -41,7 +42,7 @@ impl BatchReport {
         self.capped += settled
             .failed
             .iter()
-            .filter(|(i, _)| rows[*i].attempts + 1 >= max_attempts)
+            .filter(|(_, failed)| failed.at_cap)
             .count()
             + settled
                 .held

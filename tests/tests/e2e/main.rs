@@ -19,6 +19,7 @@ mod relay_foreign;
 mod relay_poison;
 mod relay_replicas;
 mod relay_startup;
+mod relay_streams;
 mod relay_wake;
 mod retention;
 mod retention_passes;
