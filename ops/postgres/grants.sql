@@ -65,6 +65,6 @@ grant select, insert, update on outbox_dedupe_horizon to :"retention_role";
 -- each held row and releases its subject), `outbox verify` reads published rows (its
 -- --republish sets rows unpublished: run that as the migration role).
 grant select, update (attempts) on outbox_events to :"operator_role";
-grant select, insert (subject, event_id, retry_at, reason), update (retry_at, reason) on outbox_retries to :"operator_role";
+grant select, insert (subject, event_id, retry_at, reason), update (retry_at, reason, cause) on outbox_retries to :"operator_role";
 
 commit;
