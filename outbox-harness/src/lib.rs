@@ -306,14 +306,19 @@ async fn execute(
 /// held, or until the longest bound after the heal has passed (a relay that never gets there
 /// is for the checker to judge).
 async fn settle(servers: &Servers, history: &History, bounds: &Bounds) {
-    let limit = bounds.steady
-        + bounds.poll
-        + bounds.sweep
-        + bounds.backoff_max
-        + bounds.recovery
-        + Duration::from_secs(10);
-    let end = Instant::now() + limit;
     let rec = history.snapshot();
+    // the longest allowance any row still has after the heal; a row written by hand in the
+    // past may also wait for a lane's look below its floor
+    let mut limit =
+        bounds.recovery + bounds.steady + bounds.poll + bounds.backoff_max + Duration::from_secs(5);
+    if rec.events.iter().any(|e| {
+        matches!(e.insert, schedule::Insert::Raw(c) if c.by_hand_in_past())
+            && e.began + chrono::Duration::from_std(limit + bounds.sweep).expect("short")
+                > Utc::now()
+    }) {
+        limit += bounds.sweep;
+    }
+    let end = Instant::now() + limit;
     let held: Vec<String> = rec
         .poisons
         .iter()

@@ -12,6 +12,7 @@ use chrono::Utc;
 use outbox_runtime::{Relay, RelayConfig};
 use tokio::sync::{oneshot, Mutex};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::history::{Fault, History, RelayEnd, Time};
 use crate::proxy::RelayPaths;
@@ -150,17 +151,22 @@ impl Fleet {
                 let (stop, stopped) = oneshot::channel::<()>();
                 let config = relay_config(self.lanes);
                 let history = self.history.clone();
-                let handle = tokio::spawn(async move {
-                    let relay = match Relay::connect(&db, &nats, config).await {
-                        Ok(relay) => relay,
-                        Err(e) => return TaskEnd::Refused(e.to_string()),
-                    };
-                    history.relay_ready(record, Utc::now());
-                    let run = relay.run(async {
-                        let _ = stopped.await;
-                    });
-                    TaskEnd::Returned(run.await.map_err(|e| e.to_string()))
-                });
+                // the lanes' log lines carry the relay's name
+                let span = tracing::info_span!("relay", name = %name);
+                let handle = tokio::spawn(
+                    async move {
+                        let relay = match connect(&db, &nats, config).await {
+                            Ok(relay) => relay,
+                            Err(e) => return TaskEnd::Refused(e),
+                        };
+                        history.relay_ready(record, Utc::now());
+                        let run = relay.run(async {
+                            let _ = stopped.await;
+                        });
+                        TaskEnd::Returned(run.await.map_err(|e| e.to_string()))
+                    }
+                    .instrument(span),
+                );
                 self.history.note(format!("{name} started as a task"));
                 Running::Task {
                     record,
@@ -530,6 +536,35 @@ impl Drop for Fleet {
     }
 }
 
+/// A relay task's relay: `Relay::connect` to one node; to several (a cluster, whose URLs
+/// `Relay::connect` does not take as a list), `Relay::new` on a pool and a client made the
+/// way `Relay::connect` makes them.
+async fn connect(db: &str, nats: &str, config: RelayConfig) -> Result<Relay, String> {
+    let urls: Vec<&str> = nats.split(',').collect();
+    if urls.len() == 1 {
+        return Relay::connect(db, nats, config)
+            .await
+            .map_err(|e| e.to_string());
+    }
+    let wait = config.ack_timeout.max(Duration::from_secs(5));
+    let pool = outbox_runtime::connect::postgres(
+        db,
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(config.pool_size())
+            .acquire_timeout(wait),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(wait)
+        .connect(urls.as_slice())
+        .await
+        .map_err(|e| outbox_runtime::connect::nats_error(nats, e).to_string())?;
+    Relay::new(pool, async_nats::jetstream::new(client), config)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// A relay started while its slot's relay was frozen by a signal is not frozen itself (a freeze
 /// of its proxies holds for it too).
 fn forget_signal_freeze(state: &mut SlotState) {
@@ -568,6 +603,27 @@ pub fn outbox_binary() -> Result<PathBuf, String> {
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
             let mut command = Command::new(cargo);
+            // without what cargo sets for the test or run that started the harness (package
+            // variables, library paths), which would make this build's fingerprints differ
+            // from a plain `cargo build`'s and rebuild the binary each time the context changes
+            for (key, _) in std::env::vars_os() {
+                let key = key.to_string_lossy();
+                let from_cargo = key.starts_with("CARGO_")
+                    && !["CARGO_HOME", "CARGO_TARGET_DIR"].contains(&key.as_ref())
+                    && ![
+                        "CARGO_BUILD_",
+                        "CARGO_PROFILE_",
+                        "CARGO_NET_",
+                        "CARGO_HTTP_",
+                        "CARGO_REGISTR",
+                        "CARGO_TERM_",
+                    ]
+                    .iter()
+                    .any(|p| key.starts_with(p));
+                if from_cargo || key == "LD_LIBRARY_PATH" || key.starts_with("RUST_") {
+                    command.env_remove(key.as_ref());
+                }
+            }
             command.args(["build", "-p", "outbox-cli", "--bin", "outbox"]);
             command.args([
                 "--message-format=json-render-diagnostics",
