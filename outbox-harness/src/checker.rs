@@ -4,19 +4,21 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::time::Duration;
 
-use futures::TryStreamExt;
-use outbox_runtime::RelayConfig;
 use uuid::Uuid;
 
 use crate::history::{
     since, EventRecord, Fault, Outcome, PoisonRecord, Recorded, RelayEnd, Role, Time,
 };
-use crate::relays::BACKOFF_MAX;
-use crate::schedule::{FreezeHow, Insert, Path};
-use crate::servers::Servers;
+use crate::schedule::{Insert, Path};
 use crate::workload::HELD_MANY_SUBJECT;
+
+mod bound;
+mod state;
+
+pub use bound::Bounds;
+use bound::{add, Timeline};
+pub use state::{Final, Message, Retry, Row};
 
 /// A promise of the relay the checker verifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,202 +89,6 @@ pub struct Violation {
     pub ids: Vec<Uuid>,
     /// The time span whose faults and relay events the report shows.
     pub span: Option<(Time, Time)>,
-}
-
-/// The bounds the checker holds the relay to, all derived from the relay's documented
-/// timeouts (docs/harness.md, *The bound*).
-#[derive(Debug, Clone)]
-pub struct Bounds {
-    /// B: how long a healthy relay may take to publish a committed row it was told of.
-    pub steady: Duration,
-    /// The relays' `poll_interval`: a row written by a plain insert notifies nobody.
-    pub poll: Duration,
-    /// How often a lane looks below its floor while subjects are parked (6 × `poll_interval`):
-    /// the documented wait of a row whose `created_at` was written by hand in the past.
-    pub sweep: Duration,
-    /// R: how long after a fault heals the relay may take to be back (a NATS reconnect's
-    /// delay, one `ack_timeout`, a lane's longest pause after failed batches).
-    pub recovery: Duration,
-    /// T: how long a fault of one relay may hold its subjects while another relay is up (the
-    /// batch's locks, `ack_timeout` + 5 s, then the 5 s heartbeat lease and a beat).
-    pub takeover: Duration,
-    /// The relays' `backoff_base` and `backoff_max`: a row that spent attempts waits its
-    /// backoff.
-    pub backoff_base: Duration,
-    /// See `backoff_base`.
-    pub backoff_max: Duration,
-    /// How long a graceful stop may take (`ack_timeout` + 15 s, and 10 s of margin).
-    pub stop: Duration,
-    /// How long a frozen relay's sessions may keep a lock (`ack_timeout` + 5 s, and 5 s of
-    /// margin).
-    pub locks: Duration,
-    /// How long after a freeze ends an attempt it caused may still be counted (`ack_timeout`
-    /// + 5 s).
-    pub attempt_tail: Duration,
-    /// Whether a silent NATS path or a frozen broker must cost no attempt either (the goal of
-    /// issue 30; the spec today lets a deadline missed while the connection looked up count
-    /// as a failure).
-    pub strict_attempts: bool,
-}
-
-impl Bounds {
-    /// The bounds with `steady` as B, for relays configured as [`crate::relays::relay_config`].
-    pub fn new(steady: Duration, strict_attempts: bool) -> Bounds {
-        let config = RelayConfig::default();
-        let ack = config.ack_timeout;
-        Bounds {
-            steady,
-            poll: config.poll_interval,
-            sweep: config.poll_interval * 6,
-            recovery: Duration::from_secs(4) + ack + Duration::from_secs(1),
-            takeover: ack + Duration::from_secs(5) + Duration::from_secs(6),
-            backoff_base: config.backoff_base,
-            backoff_max: BACKOFF_MAX,
-            stop: ack + Duration::from_secs(15) + Duration::from_secs(10),
-            locks: ack + Duration::from_secs(5) + Duration::from_secs(5),
-            attempt_tail: ack + Duration::from_secs(5),
-            strict_attempts,
-        }
-    }
-
-    fn backoff(&self, attempts: i32) -> Duration {
-        if attempts <= 0 {
-            return Duration::ZERO;
-        }
-        let factor = 1u32 << (attempts - 1).min(20) as u32;
-        (self.backoff_base * factor).min(self.backoff_max)
-    }
-}
-
-/// A row of `outbox_events` at the end.
-#[derive(Debug, Clone)]
-pub struct Row {
-    /// Its subject.
-    pub subject: String,
-    /// `created_at` as text (it may be no real instant).
-    pub created_at: String,
-    /// When it was marked published.
-    pub published_at: Option<Time>,
-    /// Its attempts.
-    pub attempts: i32,
-}
-
-/// A row of `outbox_retries` at the end.
-#[derive(Debug, Clone)]
-pub struct Retry {
-    /// The parked subject.
-    pub subject: String,
-    /// Its head.
-    pub event_id: Uuid,
-    /// When it is tried again; `None`: held.
-    pub retry_at: Option<Time>,
-    /// Why.
-    pub reason: String,
-}
-
-/// A message of a stream.
-#[derive(Debug, Clone)]
-pub struct Message {
-    /// The stream.
-    pub stream: String,
-    /// Its sequence there.
-    pub seq: u64,
-    /// Its `Nats-Msg-Id`.
-    pub msg_id: String,
-    /// The envelope's id.
-    pub id: Uuid,
-    /// The envelope's subject (the entity).
-    pub subject: String,
-    /// When the stream stored it.
-    pub stored_at: Time,
-}
-
-/// The final state: read once the relays have stopped.
-#[derive(Debug, Clone)]
-pub struct Final {
-    /// Every row, by id.
-    pub rows: HashMap<Uuid, Row>,
-    /// The retry schedule.
-    pub retries: Vec<Retry>,
-    /// Every stream's messages.
-    pub messages: Vec<Message>,
-    /// When it was read.
-    pub at: Time,
-}
-
-impl Final {
-    /// Reads the table, the retry schedule and every stream.
-    pub async fn read(servers: &Servers) -> Final {
-        type RowTuple = (Uuid, String, String, Option<Time>, i32);
-        let rows: Vec<RowTuple> = sqlx::query_as(
-            "select id, subject, created_at::text, published_at, attempts from outbox_events",
-        )
-        .fetch_all(&servers.admin)
-        .await
-        .expect("read outbox_events");
-        let retries: Vec<(String, Uuid, Option<Time>, String)> =
-            sqlx::query_as("select subject, event_id, retry_at, reason from outbox_retries")
-                .fetch_all(&servers.admin)
-                .await
-                .expect("read outbox_retries");
-        let names: Vec<String> = servers
-            .js
-            .stream_names()
-            .try_collect()
-            .await
-            .expect("list the streams");
-        let mut messages = Vec::new();
-        for name in names {
-            for d in outbox_testkit::read_stream(&servers.js, &name).await {
-                messages.push(Message {
-                    stream: name.clone(),
-                    seq: d.seq,
-                    msg_id: d.msg_id,
-                    id: d.envelope.id,
-                    subject: d.envelope.subject,
-                    stored_at: d.stored_at,
-                });
-            }
-        }
-        Final {
-            rows: rows
-                .into_iter()
-                .map(|(id, subject, created_at, published_at, attempts)| {
-                    (
-                        id,
-                        Row {
-                            subject,
-                            created_at,
-                            published_at,
-                            attempts,
-                        },
-                    )
-                })
-                .collect(),
-            retries: retries
-                .into_iter()
-                .map(|(subject, event_id, retry_at, reason)| Retry {
-                    subject,
-                    event_id,
-                    retry_at,
-                    reason,
-                })
-                .collect(),
-            messages,
-            at: chrono::Utc::now(),
-        }
-    }
-}
-
-/// A window in which the relay is excused from publishing in time, and why.
-#[derive(Debug, Clone)]
-struct Excuse {
-    start: Time,
-    end: Time,
-}
-
-fn add(t: Time, d: Duration) -> Time {
-    t + chrono::Duration::from_std(d).expect("a short duration")
 }
 
 /// The judge of one run.
@@ -391,84 +197,6 @@ impl<'a> Checker<'a> {
             .any(|r| r.event_id == id && r.retry_at.is_none())
     }
 
-    /// The windows that excuse a late publish: every fault, until it healed and the relay had
-    /// `recovery` to be back; a fault of one relay while another was up, only until the others
-    /// take its subjects (`takeover`); and every span with no healthy relay.
-    fn excuses(&self) -> Vec<Excuse> {
-        let b = self.bounds;
-        let mut out = Vec::new();
-        for f in &self.rec.faults {
-            let end = f.end.unwrap_or(self.healed);
-            let healed = add(end, b.recovery);
-            let until = match f.fault.relay() {
-                Some(slot) if self.healthy_other(slot, f.start) => {
-                    healed.min(add(f.start, b.takeover))
-                }
-                _ => healed,
-            };
-            out.push(Excuse {
-                start: f.start,
-                end: until,
-            });
-        }
-        // spans without a healthy relay, from the run's start
-        let mut points: Vec<Time> =
-            vec![self.rec.relays.first().map_or(self.healed, |r| r.spawned)];
-        for r in &self.rec.relays {
-            points.extend(r.ready);
-            points.extend(r.ended.as_ref().map(|(t, _)| *t));
-        }
-        for f in &self.rec.faults {
-            points.push(f.start);
-            points.extend(f.end);
-        }
-        points.push(self.fin.at);
-        points.sort();
-        points.dedup();
-        let mut gap_start: Option<Time> = None;
-        for pair in points.windows(2) {
-            let mid = pair[0] + (pair[1] - pair[0]) / 2;
-            let none = !(0..crate::schedule::RELAY_SLOTS).any(|s| self.healthy(s, mid));
-            match (none, gap_start) {
-                (true, None) => gap_start = Some(pair[0]),
-                (false, Some(start)) => {
-                    out.push(Excuse {
-                        start,
-                        end: add(pair[0], b.recovery),
-                    });
-                    gap_start = None;
-                }
-                _ => {}
-            }
-        }
-        if let Some(start) = gap_start {
-            out.push(Excuse {
-                start,
-                end: self.fin.at,
-            });
-        }
-        out
-    }
-
-    /// Whether a relay was up in `slot` at `t`, and no fault of that relay was on.
-    fn healthy(&self, slot: usize, t: Time) -> bool {
-        let up = self.rec.relays.iter().any(|r| {
-            r.slot == slot
-                && r.ready.is_some_and(|ready| ready <= t)
-                && r.ended.as_ref().is_none_or(|(end, _)| *end > t)
-        });
-        up && !self.rec.faults.iter().any(|f| {
-            f.fault.relay() == Some(slot)
-                && !matches!(f.fault, Fault::RelayPathCut(..))
-                && f.start <= t
-                && f.end.is_none_or(|end| end >= t)
-        })
-    }
-
-    fn healthy_other(&self, slot: usize, t: Time) -> bool {
-        (0..crate::schedule::RELAY_SLOTS).any(|s| s != slot && self.healthy(s, t))
-    }
-
     /// The most attempts of a row of `subject` (poison rows aside).
     fn subject_attempts(&self) -> HashMap<&str, i32> {
         let poison: HashSet<Uuid> = self.rec.poisons.iter().filter_map(|p| p.head).collect();
@@ -485,7 +213,13 @@ impl<'a> Checker<'a> {
     /// P1: every committed, publishable event is in a stream by its deadline.
     fn delivered(&self) -> Vec<Violation> {
         let b = self.bounds;
-        let excuses = self.excuses();
+        let excuses = Timeline {
+            rec: self.rec,
+            bounds: self.bounds,
+            healed: self.healed,
+            end: self.fin.at,
+        }
+        .excuses();
         let attempts = self.subject_attempts();
         let mut out = Vec::new();
         for e in &self.rec.events {
@@ -500,19 +234,7 @@ impl<'a> Checker<'a> {
                 base += b.sweep;
             }
             base += b.backoff(attempts.get(e.subject.as_str()).copied().unwrap_or(0));
-            let mut deadline = add(ready, base);
-            loop {
-                let mut moved = false;
-                for x in &excuses {
-                    if x.start < deadline && x.end > ready && add(x.end, base) > deadline {
-                        deadline = add(x.end, base);
-                        moved = true;
-                    }
-                }
-                if !moved {
-                    break;
-                }
-            }
+            let deadline = bound::deadline(ready, base, &excuses);
             let span = Some((ready, deadline.max(ready)));
             match self.first.get(&id) {
                 Some((at, _, _)) if *at <= deadline => {}
@@ -928,29 +650,320 @@ impl<'a> Checker<'a> {
     }
 }
 
-impl Fault {
-    /// The fault in words, for the report.
-    pub fn describe(self) -> String {
-        match self {
-            Fault::BrokerDown(n) => format!("broker node {n} down"),
-            Fault::BrokerFrozen(n, FreezeHow::Signal) => {
-                format!("broker node {n} frozen (SIGSTOP)")
+#[cfg(test)]
+mod tests {
+    //! Each property on a small history made by hand: one that keeps it, and one that breaks
+    //! it, so that no property is a check that cannot fail.
+
+    use std::time::Duration;
+
+    use chrono::{TimeZone, Utc};
+
+    use super::*;
+    use crate::history::{FaultRecord, LockSample, RelayRecord};
+    use crate::schedule::{CreatedAt, FreezeHow, PoisonKind, RelayKind, Shape};
+
+    fn t(secs: f64) -> Time {
+        Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap()
+            + chrono::Duration::milliseconds((secs * 1000.0) as i64)
+    }
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    /// A history with relay r0 up from 0 s to the end, and the final state read at 100 s.
+    struct Case {
+        rec: Recorded,
+        fin: Final,
+        bounds: Bounds,
+    }
+
+    impl Case {
+        fn new() -> Case {
+            let mut rec = Recorded::default();
+            rec.relays.push(relay(0, 0.0, None));
+            Case {
+                rec,
+                fin: Final {
+                    rows: HashMap::new(),
+                    retries: Vec::new(),
+                    messages: Vec::new(),
+                    at: t(100.0),
+                },
+                bounds: Bounds::new(Duration::from_secs(10), false),
             }
-            Fault::BrokerFrozen(n, FreezeHow::Proxies) => {
-                format!("broker node {n} silent to every relay (proxies)")
-            }
-            Fault::StepDown => "stream leader stepped down (until a leader is known)".into(),
-            Fault::PgDown(true) => "postgres down (immediate: a crash)".into(),
-            Fault::PgDown(false) => "postgres down (fast)".into(),
-            Fault::PgKill => "postgres terminated the relay role's backends".into(),
-            Fault::RelayKilled(r) => format!("relay r{r} killed"),
-            Fault::RelayLeft(r) => format!("relay r{r} stopping"),
-            Fault::RelayFrozen(r, FreezeHow::Signal) => format!("relay r{r} frozen (SIGSTOP)"),
-            Fault::RelayFrozen(r, FreezeHow::Proxies) => {
-                format!("relay r{r} frozen (all its paths silent)")
-            }
-            Fault::RelayPathFrozen(r, p) => format!("relay r{r}'s {p:?} path silent"),
-            Fault::RelayPathCut(r, p) => format!("relay r{r}'s {p:?} path cut"),
         }
+
+        /// Event `n` of writer 0 on `subject`, committed at `at`, its row published at `stored`
+        /// (and stored then) if given.
+        fn event(&mut self, n: u128, subject: &str, at: f64, stored: Option<f64>) {
+            self.rec.events.push(EventRecord {
+                label: format!("w0#{n}"),
+                id: Some(id(n)),
+                subject: subject.into(),
+                event_type: "hx.account.changed".into(),
+                insert: Insert::Emit,
+                shape: Shape::Plain,
+                writer: Some((0, n as usize)),
+                role: Role::Healthy,
+                began: t(at),
+                outcome: Outcome::Committed(t(at)),
+            });
+            self.fin.rows.insert(
+                id(n),
+                Row {
+                    subject: subject.into(),
+                    created_at: String::new(),
+                    published_at: stored.map(t),
+                    attempts: 0,
+                },
+            );
+            if let Some(s) = stored {
+                self.store(n, subject, s);
+            }
+        }
+
+        fn store(&mut self, n: u128, subject: &str, at: f64) {
+            let seq = self.fin.messages.len() as u64 + 1;
+            self.fin.messages.push(Message {
+                stream: "HX".into(),
+                seq,
+                msg_id: id(n).to_string(),
+                id: id(n),
+                subject: subject.into(),
+                stored_at: t(at),
+            });
+        }
+
+        fn fault(&mut self, fault: Fault, start: f64, end: f64) {
+            self.rec.faults.push(FaultRecord {
+                fault,
+                start: t(start),
+                end: Some(t(end)),
+            });
+        }
+
+        fn check(&self) -> Vec<Violation> {
+            Checker::new(&self.rec, &self.fin, &self.bounds, t(0.0), t(90.0)).check()
+        }
+
+        fn violated(&self) -> Vec<Property> {
+            self.check().iter().map(|v| v.property).collect()
+        }
+    }
+
+    fn relay(slot: usize, ready: f64, ended: Option<(f64, RelayEnd)>) -> RelayRecord {
+        RelayRecord {
+            slot,
+            incarnation: 0,
+            kind: RelayKind::Task,
+            spawned: t(ready),
+            ready: Some(t(ready)),
+            ended: ended.map(|(at, end)| (t(at), end)),
+        }
+    }
+
+    #[test]
+    fn a_run_where_every_event_goes_out_at_once_keeps_every_property() {
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, Some(1.1));
+        case.event(2, "s", 2.0, Some(2.1));
+        assert!(case.check().is_empty(), "{:?}", case.check());
+    }
+
+    #[test]
+    fn delivered_holds_a_row_to_b_and_a_fault_stretches_it_until_the_relay_is_back() {
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, Some(12.0));
+        assert_eq!(
+            case.violated(),
+            [Property::Delivered],
+            "11 s after its commit"
+        );
+        case.event(2, "t", 1.0, None);
+        assert_eq!(case.check().len(), 2, "one late, one missing");
+
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, Some(39.0));
+        case.fault(Fault::BrokerDown(0), 0.5, 20.0);
+        // 20 s + R (10 s) + B (10 s)
+        assert!(case.check().is_empty(), "{:?}", case.check());
+        case.fin.messages[0].stored_at = t(41.0);
+        assert_eq!(case.violated(), [Property::Delivered]);
+    }
+
+    #[test]
+    fn a_fault_of_one_relay_is_excused_only_until_another_takes_over() {
+        let mut case = Case::new();
+        case.rec.relays.push(relay(1, 0.0, None));
+        case.fault(Fault::RelayPathFrozen(0, Path::Nats), 1.0, 60.0);
+        case.event(1, "s", 2.0, Some(59.0));
+        // the other relay is up: 1 s + T (16 s) + B (10 s)
+        assert_eq!(case.violated(), [Property::Delivered]);
+        case.rec.relays.pop();
+        // alone, the relay is excused until its path is back, and R after
+        assert!(case.check().is_empty(), "{:?}", case.check());
+    }
+
+    #[test]
+    fn a_plain_insert_may_wait_for_the_poll_and_a_past_written_by_hand_for_the_floors_look() {
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, Some(14.0));
+        assert_eq!(case.violated(), [Property::Delivered]);
+        case.rec.events[0].insert = Insert::Raw(CreatedAt::Default);
+        assert!(case.check().is_empty(), "B + poll_interval");
+        case.fin.messages[0].stored_at = t(40.0);
+        assert_eq!(case.violated(), [Property::Delivered]);
+        case.rec.events[0].insert = Insert::Raw(CreatedAt::Skewed(-20_000));
+        assert!(
+            case.check().is_empty(),
+            "B + poll_interval + 6 poll_intervals"
+        );
+    }
+
+    #[test]
+    fn committed_only_refuses_a_rolled_back_or_unknown_event_in_the_stream() {
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, Some(1.1));
+        case.rec.events[0].outcome = Outcome::RolledBack(t(1.0));
+        case.fin.rows.clear();
+        assert_eq!(case.violated(), [Property::CommittedOnly]);
+        case.rec.events.clear();
+        assert_eq!(
+            case.violated(),
+            [Property::CommittedOnly],
+            "no writer wrote it"
+        );
+    }
+
+    #[test]
+    fn order_refuses_a_reorder_and_a_gap_of_a_sequential_writer() {
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, None);
+        case.event(2, "s", 2.0, None);
+        case.store(2, "s", 3.0);
+        case.store(1, "s", 4.0);
+        for n in [1, 2] {
+            case.fin.rows.get_mut(&id(n)).unwrap().published_at = Some(t(4.0));
+        }
+        assert_eq!(case.violated(), [Property::Order]);
+        assert!(case.check()[0].what.contains("w0#2 before w0#1"));
+
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, None);
+        case.event(2, "s", 2.0, Some(2.1));
+        let violated = case.violated();
+        assert!(violated.contains(&Property::Order), "{violated:?}");
+        assert!(case
+            .check()
+            .iter()
+            .any(|v| v.property == Property::Order && v.what.contains("a gap")));
+    }
+
+    #[test]
+    fn marks_refuses_a_row_marked_published_that_no_stream_holds() {
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, Some(1.1));
+        case.fin.messages.clear();
+        assert!(case.violated().contains(&Property::Marks));
+    }
+
+    #[test]
+    fn held_wants_each_poison_row_held_with_a_reason_and_nothing_else() {
+        let mut case = Case::new();
+        let head = id(9);
+        case.rec.poisons.push(PoisonRecord {
+            id: 0,
+            kind: PoisonKind::Uncaptured,
+            subject: "p0".into(),
+            head: Some(head),
+            repaired: None,
+            unblocked: Vec::new(),
+            rows_behind: 0,
+        });
+        case.fin.rows.insert(
+            head,
+            Row {
+                subject: "p0".into(),
+                created_at: String::new(),
+                published_at: None,
+                attempts: 0,
+            },
+        );
+        assert_eq!(case.violated(), [Property::Held], "not held");
+        case.fin.retries.push(Retry {
+            subject: "p0".into(),
+            event_id: head,
+            retry_at: None,
+            reason: "no stream captures ux0.thing.changed".into(),
+        });
+        assert!(case.check().is_empty(), "{:?}", case.check());
+        case.fin.retries[0].reason.clear();
+        assert_eq!(case.violated(), [Property::Held], "held with no reason");
+
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, None);
+        case.fin.retries.push(Retry {
+            subject: "s".into(),
+            event_id: id(1),
+            retry_at: None,
+            reason: "at the attempt cap".into(),
+        });
+        assert!(
+            case.violated().contains(&Property::Held),
+            "a healthy row held"
+        );
+    }
+
+    #[test]
+    fn relays_alive_refuses_a_relay_that_ended_unasked_or_stopped_late() {
+        let mut case = Case::new();
+        case.rec.relays[0].ended = Some((t(50.0), RelayEnd::Killed));
+        assert!(case.check().is_empty());
+        case.rec.relays[0].ended = Some((t(50.0), RelayEnd::Died("exited with 101".into())));
+        assert_eq!(case.violated(), [Property::RelaysAlive]);
+        case.rec.relays[0].ended = Some((t(50.0), RelayEnd::StopLate("40 s".into())));
+        assert_eq!(case.violated(), [Property::RelaysAlive]);
+    }
+
+    #[test]
+    fn attempts_are_excused_only_by_a_fault_that_may_cost_one() {
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, Some(3.0));
+        case.fin.rows.get_mut(&id(1)).unwrap().attempts = 2;
+        assert_eq!(case.violated(), [Property::Attempts]);
+        case.fault(Fault::BrokerDown(0), 0.5, 2.0);
+        assert_eq!(
+            case.violated(),
+            [Property::Attempts],
+            "a broker down costs none"
+        );
+        case.fault(Fault::BrokerFrozen(0, FreezeHow::Signal), 0.5, 2.0);
+        assert!(case.check().is_empty(), "{:?}", case.check());
+        case.bounds.strict_attempts = true;
+        assert_eq!(
+            case.violated(),
+            [Property::Attempts],
+            "strictly, only a frozen relay"
+        );
+        case.fault(Fault::RelayFrozen(0, FreezeHow::Signal), 0.5, 2.0);
+        assert!(case.check().is_empty(), "{:?}", case.check());
+    }
+
+    #[test]
+    fn locks_released_refuses_a_lock_held_past_its_bound_into_a_freeze() {
+        let mut case = Case::new();
+        let sample = |at: f64| LockSample {
+            relay: "r0.0".into(),
+            frozen_since: t(10.0),
+            at: t(at),
+            pid: 42,
+            lock: "advisory ExclusiveLock key (1, 2, 2)".into(),
+        };
+        case.rec.locks.push(sample(20.0));
+        assert!(case.check().is_empty(), "10 s into the freeze");
+        case.rec.locks.push(sample(26.0));
+        assert_eq!(case.violated(), [Property::LocksReleased]);
     }
 }

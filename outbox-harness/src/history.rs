@@ -403,3 +403,30 @@ impl Default for History {
         History::new()
     }
 }
+
+impl Fault {
+    /// The fault in words, for the report.
+    pub fn describe(self) -> String {
+        match self {
+            Fault::BrokerDown(n) => format!("broker node {n} down"),
+            Fault::BrokerFrozen(n, FreezeHow::Signal) => {
+                format!("broker node {n} frozen (SIGSTOP)")
+            }
+            Fault::BrokerFrozen(n, FreezeHow::Proxies) => {
+                format!("broker node {n} silent to every relay (proxies)")
+            }
+            Fault::StepDown => "stream leader stepped down (until a leader is known)".into(),
+            Fault::PgDown(true) => "postgres down (immediate: a crash)".into(),
+            Fault::PgDown(false) => "postgres down (fast)".into(),
+            Fault::PgKill => "postgres terminated the relay role's backends".into(),
+            Fault::RelayKilled(r) => format!("relay r{r} killed"),
+            Fault::RelayLeft(r) => format!("relay r{r} stopping"),
+            Fault::RelayFrozen(r, FreezeHow::Signal) => format!("relay r{r} frozen (SIGSTOP)"),
+            Fault::RelayFrozen(r, FreezeHow::Proxies) => {
+                format!("relay r{r} frozen (all its paths silent)")
+            }
+            Fault::RelayPathFrozen(r, p) => format!("relay r{r}'s {p:?} path silent"),
+            Fault::RelayPathCut(r, p) => format!("relay r{r}'s {p:?} path cut"),
+        }
+    }
+}
