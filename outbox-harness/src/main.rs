@@ -120,6 +120,10 @@ fn main() -> ExitCode {
             (first, args.seeds.or(if long { None } else { Some(1) }))
         }
     };
+    println!(
+        "nats-server: {}",
+        outbox_harness::servers::nats_server_version()
+    );
     if args.seed.is_none() {
         println!("seeds from {first} (--first-seed {first} runs them again)");
     }

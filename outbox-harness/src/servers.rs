@@ -69,6 +69,17 @@ pub fn preflight() -> Result<(), String> {
     Ok(())
 }
 
+/// The nats-server binary the runs use, and its version, in words.
+pub fn nats_server_version() -> String {
+    let bin = nats_server_binary();
+    let version = std::process::Command::new(&bin)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!("{} ({version})", bin.display())
+}
+
 /// The broker: one server or a cluster.
 #[derive(Debug)]
 pub enum Broker {

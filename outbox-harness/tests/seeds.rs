@@ -28,6 +28,10 @@ fn the_relay_keeps_its_promises_over_the_fixed_seeds() {
         .build()
         .expect("a runtime");
     outbox_harness::capture_relay_logs();
+    eprintln!(
+        "nats-server: {}",
+        outbox_harness::servers::nats_server_version()
+    );
     let mut results = Vec::new();
     for (seed, topology, relays, held_rows) in BUDGET {
         let options = Options {
