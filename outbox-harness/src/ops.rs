@@ -62,20 +62,19 @@ impl Run {
     /// Runs `schedule` to its end: every writer done, every operation done and its fault
     /// healed.
     pub async fn execute(self: &Arc<Self>, schedule: &Schedule) {
-        let mut tasks = Vec::new();
+        // dropped (on a panic of the harness) it aborts every task of the schedule
+        let mut tasks = tokio::task::JoinSet::new();
         for (n, writer) in schedule.writers.iter().enumerate() {
             let (run, writer) = (self.clone(), writer.clone());
-            tasks.push(tokio::spawn(async move {
-                run.workload.writer(n, &writer).await
-            }));
+            tasks.spawn(async move { run.workload.writer(n, &writer).await });
         }
         for op in &schedule.ops {
             tokio::time::sleep_until(self.start + op.at).await;
             let (run, action) = (self.clone(), op.action.clone());
-            tasks.push(tokio::spawn(async move { run.perform(action).await }));
+            tasks.spawn(async move { run.perform(action).await });
         }
-        for task in tasks {
-            if let Err(e) = task.await {
+        while let Some(done) = tasks.join_next().await {
+            if let Err(e) = done {
                 if e.is_panic() {
                     std::panic::resume_unwind(e.into_panic());
                 }
@@ -220,9 +219,31 @@ impl Run {
             self.fleet
                 .watch(move |since, slot| history.faulty_since(since, slot))
                 .await;
+            self.look_for_listeners().await;
             sample = !sample;
             if sample {
                 self.sample_locks().await;
+            }
+        }
+    }
+
+    /// A process that listens on the notification channel has passed its start-up checks
+    /// and runs: it is up.
+    async fn look_for_listeners(&self) {
+        for (slot, record, ports) in self.fleet.starting().await {
+            if ports.is_empty() {
+                continue;
+            }
+            let ports: Vec<i32> = ports.into_iter().map(i32::from).collect();
+            let listening: Result<bool, _> = sqlx::query_scalar(
+                "select exists (select 1 from pg_stat_activity \
+                                 where client_port = any($1) and query ilike 'listen%')",
+            )
+            .bind(&ports)
+            .fetch_one(&self.servers.admin)
+            .await;
+            if let Ok(true) = listening {
+                self.fleet.up(slot, record).await;
             }
         }
     }

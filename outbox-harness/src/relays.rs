@@ -18,9 +18,10 @@ use crate::history::{Fault, History, RelayEnd, Time};
 use crate::proxy::RelayPaths;
 use crate::schedule::{FreezeHow, Path, RelayKind, RELAY_SLOTS};
 
-/// How long a process may take to start before it counts as up: its start-up checks connect
-/// to Postgres (a 5 s acquire timeout) and NATS (a 5 s connection timeout), then look at the
-/// tables and the streams. An exit within it is a refused start.
+/// How long a process may take to start: its start-up checks connect to Postgres (a 5 s
+/// acquire timeout) and NATS (a 5 s connection timeout), then look at the tables and the
+/// streams. An exit within it is a refused start. It counts as up once its `LISTEN` session
+/// is seen (docs/relay.md, *Wake-up*), or when this has passed.
 pub const START_ALLOWANCE: Duration = Duration::from_secs(15);
 /// The relays' `backoff_max` (`--backoff-max`): short, so that a row that spent attempts in a
 /// freeze is tried again within seconds of its end (the default, 5 min, would make every run
@@ -475,6 +476,38 @@ impl Fleet {
             }
         }
         out
+    }
+
+    /// The processes started and not yet up: (slot, relay record, the ports its slot's
+    /// Postgres sessions come from).
+    pub async fn starting(&self) -> Vec<(usize, usize, Vec<u16>)> {
+        let mut out = Vec::new();
+        for (slot, s) in self.slots.iter().enumerate() {
+            let state = s.state.lock().await;
+            if let Some(Running::Process {
+                record,
+                ready: false,
+                ..
+            }) = &state.running
+            {
+                out.push((slot, *record, s.paths.pg_sessions()));
+            }
+        }
+        out
+    }
+
+    /// The process of record `record` in `slot` is up now (its LISTEN session was seen).
+    pub async fn up(&self, slot: usize, record: usize) {
+        let mut state = self.slots[slot].state.lock().await;
+        if let Some(Running::Process {
+            record: r, ready, ..
+        }) = &mut state.running
+        {
+            if *r == record && !*ready {
+                *ready = true;
+                self.history.relay_ready(record, Utc::now());
+            }
+        }
     }
 
     /// Whether any slot has a relay running or wanted.
