@@ -145,76 +145,57 @@ pub async fn run_seed(seed: u64, options: &Options) -> SeedResult {
         print_schedule(&schedule);
     }
     let started = std::time::Instant::now();
-    // built (or found) before the run: a build during it would stall the schedule
-    if let Err(e) = tokio::task::spawn_blocking(relays::outbox_binary)
-        .await
-        .expect("look for the outbox binary")
-    {
-        return SeedResult {
-            seed,
-            shape,
-            digest,
-            elapsed: 0.0,
-            stats: String::new(),
-            violations: Vec::new(),
-            error: Some(e),
-            replay,
-            details: String::new(),
-        };
-    }
     let dir = tempfile::Builder::new()
         .prefix(&format!("outbox-harness-{seed}-"))
         .tempdir()
         .expect("a directory for the run's logs");
-    let logs = dir.path().to_path_buf();
-    let task = {
-        let options = options.clone();
-        let logs = logs.clone();
-        tokio::spawn(async move { execute(schedule, &options, logs).await })
-    };
-    let mut result = match task.await {
-        Ok((stats, violations, details)) => SeedResult {
-            seed,
-            shape,
-            digest,
-            elapsed: 0.0,
-            stats,
-            violations,
-            error: None,
-            replay: replay.clone(),
-            details,
-        },
-        Err(e) => {
-            let why = match e.try_into_panic() {
-                Ok(panic) => panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "a panic".to_owned()),
-                Err(e) => e.to_string(),
-            };
-            SeedResult {
-                seed,
-                shape,
-                digest,
-                elapsed: 0.0,
-                stats: String::new(),
-                violations: Vec::new(),
-                error: Some(format!("the harness failed: {why}")),
-                replay: replay.clone(),
-                details: String::new(),
-            }
-        }
-    };
-    result.elapsed = started.elapsed().as_secs_f64();
+    let outcome = judge(schedule, options, dir.path().to_path_buf()).await;
     *RELAY_LOG.lock().expect("the log") = None;
-    if !result.passed() || options.keep_logs {
-        let kept = dir.keep();
-        result
-            .details
-            .push_str(&format!("  logs: {}\n", kept.display()));
+    let (stats, violations, mut details, error) = match outcome {
+        Ok((stats, violations, details)) => (stats, violations, details, None),
+        Err(e) => (String::new(), Vec::new(), String::new(), Some(e)),
+    };
+    let passed = error.is_none() && violations.is_empty();
+    if !passed || options.keep_logs {
+        details.push_str(&format!("  logs: {}\n", dir.keep().display()));
     }
-    result
+    SeedResult {
+        seed,
+        shape,
+        digest,
+        elapsed: started.elapsed().as_secs_f64(),
+        stats,
+        violations,
+        error,
+        replay,
+        details,
+    }
+}
+
+/// Runs `schedule` in a task of its own, after making sure the `outbox` binary is there (a
+/// build during the run would stall it); a panic of the harness comes back as why the run
+/// could not be judged.
+async fn judge(
+    schedule: schedule::Schedule,
+    options: &Options,
+    logs: PathBuf,
+) -> Result<(String, Vec<checker::Violation>, String), String> {
+    tokio::task::spawn_blocking(relays::outbox_binary)
+        .await
+        .expect("look for the outbox binary")?;
+    let options = options.clone();
+    let task = tokio::spawn(async move { execute(schedule, &options, logs).await });
+    task.await.map_err(|e| {
+        let why = match e.try_into_panic() {
+            Ok(panic) => panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".to_owned()),
+            Err(e) => e.to_string(),
+        };
+        format!("the harness failed: {why}")
+    })
 }
 
 /// The run itself: (stats, violations, details).

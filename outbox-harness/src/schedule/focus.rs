@@ -11,6 +11,9 @@ use crate::rng::Rng;
 
 use super::draw::Draft;
 
+/// How a late writer writes: the insert, and its transaction for a given length.
+type LateShape = (Insert, fn(Duration) -> Shape);
+
 impl Draft {
     pub(super) fn join(&mut self, rng: &mut Rng, relays: usize) {
         for relay in 0..relays {
@@ -79,6 +82,8 @@ impl Draft {
     /// transactions, transactions that sleep after their emit), beside a steady writer.
     pub(super) fn late(&mut self) {
         let mut rng = self.root.fork("focus");
+        // one lane: the held row parks a subject of the lane the late rows land in
+        self.lanes = 1;
         self.join(&mut rng, 1);
         self.poison(
             &mut rng,
@@ -89,19 +94,25 @@ impl Draft {
         let mut writers = self.root.fork("writers");
         let interval = writers.millis(Duration::from_millis(300), Duration::from_secs(1));
         self.writer(&mut writers, 0, 3, None, interval, false);
-        for (n, event_type) in EVENT_TYPES.iter().enumerate().take(3).skip(1) {
-            let name = format!("w{n}");
+        // w1 draws every late shape (an emit that notified cannot be prepared: those fail);
+        // w2 prepares every transaction
+        let shapes: [&[LateShape]; 2] = [
+            &[
+                (Insert::Raw(CreatedAt::Default), Shape::SleepBefore),
+                (Insert::Raw(CreatedAt::Clock), Shape::Prepared),
+                (Insert::Emit, Shape::Prepared),
+                (Insert::Emit, Shape::SleepAfter),
+            ],
+            &[(Insert::Raw(CreatedAt::Clock), Shape::Prepared)],
+        ];
+        for (n, (event_type, shapes)) in EVENT_TYPES[1..].iter().zip(shapes).enumerate() {
+            let name = format!("w{}", n + 1);
             let subject = format!("{name}s0");
             let mut emits = Vec::new();
             let mut t = writers.secs(2, 4);
             while t < self.duration {
                 let long = writers.secs(10, 20);
-                let (insert, shape) = writers.pick(&[
-                    (Insert::Raw(CreatedAt::Default), Shape::SleepBefore(long)),
-                    (Insert::Raw(CreatedAt::Clock), Shape::Prepared(long)),
-                    (Insert::Emit, Shape::Prepared(long)),
-                    (Insert::Emit, Shape::SleepAfter(long)),
-                ]);
+                let (insert, shape) = writers.pick(shapes);
                 emits.push(Emit {
                     at: t,
                     event: EventSpec {
@@ -109,7 +120,7 @@ impl Draft {
                         event_type: (*event_type).to_owned(),
                         insert,
                     },
-                    shape,
+                    shape: shape(long),
                 });
                 t += long + writers.secs(1, 3);
             }
