@@ -62,6 +62,18 @@ impl Running {
     }
 }
 
+/// How a relay that was not asked to stop ended.
+#[derive(Debug)]
+enum Ending {
+    /// It failed its start-up checks.
+    Refused(String),
+    /// It ended after it was up.
+    Died(String),
+}
+
+/// How long after a relay ended on its own its slot gets one again (while it wants one).
+const RESTART_AFTER: chrono::Duration = chrono::Duration::seconds(2);
+
 /// How a relay task ended.
 #[derive(Debug)]
 enum TaskEnd {
@@ -370,15 +382,16 @@ impl Fleet {
         self.slots[slot].paths.cut(path);
     }
 
-    /// Looks at every relay: one that ended without being asked is recorded (a refused start
-    /// is tried again two seconds later while the slot wants a relay), a process that has
-    /// outlived its start-up allowance is up. `faulty(since)` tells whether a fault was on
-    /// since that time (a refused start is a relay's death when nothing was wrong).
+    /// Looks at every relay: one that ended without being asked is recorded, and the slot
+    /// gets a relay again [`RESTART_AFTER`] later while it wants one; a process that has
+    /// outlived its start-up allowance without showing its `LISTEN` session counts as up.
+    /// `faulty(since, slot)` tells whether a fault that could stop a start was on since that
+    /// time: a start refused with none on is a relay's death.
     pub async fn watch(&self, faulty: impl Fn(Time, usize) -> bool) {
         for (slot, s) in self.slots.iter().enumerate() {
             let mut state = s.state.lock().await;
             let now = Utc::now();
-            if state.running.is_none() {
+            let Some(running) = state.running.as_mut() else {
                 if let (Some(kind), Some(at)) = (state.wanted, state.retry_at) {
                     if now >= at {
                         state.retry_at = None;
@@ -387,81 +400,70 @@ impl Fleet {
                     }
                 }
                 continue;
-            }
-            let ended = match state.running.as_mut().expect("a relay runs") {
-                Running::Task { handle, record, .. } => {
-                    if handle.is_finished() {
-                        let record = *record;
-                        let Some(Running::Task { handle, .. }) = state.running.take() else {
-                            unreachable!("a task runs");
-                        };
-                        let end = match handle.await {
-                            Ok(TaskEnd::Refused(e)) => Err(e),
-                            Ok(TaskEnd::Returned(Ok(()))) => {
-                                Ok("Relay::run returned without being asked to stop".to_owned())
-                            }
-                            Ok(TaskEnd::Returned(Err(e))) => {
-                                Ok(format!("Relay::run returned an error: {e}"))
-                            }
-                            Err(e) => Ok(format!("the relay task failed: {e}")),
-                        };
-                        Some((record, end))
-                    } else {
-                        None
-                    }
-                }
-                Running::Process {
-                    child,
-                    record,
-                    log,
-                    spawned,
-                    ready,
-                } => match child.try_wait() {
-                    Ok(Some(status)) => {
-                        let why = format!("exited with {status}: {}", log_tail(log));
-                        // an exit within the start-up allowance is a refused start
-                        let end = if now - *spawned
-                            < chrono::Duration::from_std(START_ALLOWANCE).expect("short")
-                        {
-                            Err(why)
-                        } else {
-                            Ok(why)
-                        };
-                        let record = *record;
-                        state.running = None;
-                        Some((record, end))
-                    }
-                    _ => {
-                        let up_at =
-                            *spawned + chrono::Duration::from_std(START_ALLOWANCE).expect("short");
-                        if !*ready && now >= up_at {
-                            *ready = true;
-                            self.history.relay_ready(*record, up_at);
-                        }
-                        None
-                    }
-                },
             };
-            let Some((record, end)) = ended else {
+            let Some((record, ending)) = self.ending(running, now).await else {
                 continue;
             };
-            let spawned = self.history.relay_spawned(record);
-            let end = match end {
-                Err(why) if faulty(spawned, slot) => {
-                    state.retry_at = Some(now + chrono::Duration::seconds(2));
+            state.running = None;
+            state.retry_at = Some(now + RESTART_AFTER);
+            let end = match ending {
+                Ending::Refused(why) if faulty(self.history.relay_spawned(record), slot) => {
                     RelayEnd::StartRefused(why)
                 }
-                Err(why) => {
-                    // nothing was wrong: a relay that cannot start is a dead relay; try again
-                    state.retry_at = Some(now + chrono::Duration::seconds(2));
+                Ending::Refused(why) => {
                     RelayEnd::Died(format!("refused to start with no fault on: {why}"))
                 }
-                Ok(why) => {
-                    state.retry_at = Some(now + chrono::Duration::seconds(2));
-                    RelayEnd::Died(why)
-                }
+                Ending::Died(why) => RelayEnd::Died(why),
             };
             self.history.relay_ended(record, end);
+        }
+    }
+
+    /// How `running` ended, if it did (its record and why); marks a process up once its
+    /// start-up allowance has passed.
+    async fn ending(&self, running: &mut Running, now: Time) -> Option<(usize, Ending)> {
+        let allowance = chrono::Duration::from_std(START_ALLOWANCE).expect("short");
+        match running {
+            Running::Task { handle, record, .. } => {
+                if !handle.is_finished() {
+                    return None;
+                }
+                let ending = match handle.await {
+                    Ok(TaskEnd::Refused(e)) => Ending::Refused(e),
+                    Ok(TaskEnd::Returned(Ok(()))) => {
+                        Ending::Died("Relay::run returned without being asked to stop".into())
+                    }
+                    Ok(TaskEnd::Returned(Err(e))) => {
+                        Ending::Died(format!("Relay::run returned an error: {e}"))
+                    }
+                    Err(e) => Ending::Died(format!("the relay task failed: {e}")),
+                };
+                Some((*record, ending))
+            }
+            Running::Process {
+                child,
+                record,
+                log,
+                spawned,
+                ready,
+            } => match child.try_wait() {
+                Ok(Some(status)) => {
+                    let why = format!("exited with {status}: {}", log_tail(log));
+                    let ending = if !*ready && now - *spawned < allowance {
+                        Ending::Refused(why)
+                    } else {
+                        Ending::Died(why)
+                    };
+                    Some((*record, ending))
+                }
+                _ => {
+                    if !*ready && now >= *spawned + allowance {
+                        *ready = true;
+                        self.history.relay_ready(*record, *spawned + allowance);
+                    }
+                    None
+                }
+            },
         }
     }
 
