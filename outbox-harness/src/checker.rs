@@ -178,7 +178,7 @@ impl<'a> Checker<'a> {
             }
             Role::Follower(p) => {
                 let poison = self.poison(p)?;
-                let head_in = poison.head.is_some_and(|h| self.fin.rows.contains_key(&h));
+                let head_in = self.fin.rows.contains_key(&poison.head);
                 match (head_in, poison.repaired) {
                     (false, _) => Some(committed),
                     (true, Some(r)) => Some(r.max(committed)),
@@ -199,7 +199,7 @@ impl<'a> Checker<'a> {
 
     /// The most attempts of a row of `subject` (poison rows aside).
     fn subject_attempts(&self) -> HashMap<&str, i32> {
-        let poison: HashSet<Uuid> = self.rec.poisons.iter().filter_map(|p| p.head).collect();
+        let poison: HashSet<Uuid> = self.rec.poisons.iter().map(|p| p.head).collect();
         let mut most: HashMap<&str, i32> = HashMap::new();
         for (id, row) in &self.fin.rows {
             if row.attempts > 0 && !poison.contains(id) {
@@ -450,9 +450,10 @@ impl<'a> Checker<'a> {
         let mut out = Vec::new();
         let mut expected = HashSet::new();
         for p in &self.rec.poisons {
-            let Some(head) = p.head.filter(|h| self.fin.rows.contains_key(h)) else {
+            let head = p.head;
+            if !self.fin.rows.contains_key(&head) {
                 continue;
-            };
+            }
             if p.repaired.is_some() {
                 continue;
             }
@@ -877,7 +878,7 @@ mod tests {
             id: 0,
             kind: PoisonKind::Uncaptured,
             subject: "p0".into(),
-            head: Some(head),
+            head,
             repaired: None,
             unblocked: Vec::new(),
             rows_behind: 0,

@@ -186,8 +186,8 @@ pub struct PoisonRecord {
     pub kind: PoisonKind,
     /// Its subject.
     pub subject: String,
-    /// Its id, once inserted.
-    pub head: Option<Uuid>,
+    /// Its id (whether it committed, the table says).
+    pub head: Uuid,
     /// When its cause was fixed and it was unblocked (the unblock's return).
     pub repaired: Option<Time>,
     /// When it was unblocked without a fix.

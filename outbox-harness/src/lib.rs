@@ -302,21 +302,31 @@ async fn settle(servers: &Servers, history: &History, bounds: &Bounds) {
         limit += bounds.sweep;
     }
     let end = Instant::now() + limit;
-    let held: Vec<String> = rec
-        .poisons
-        .iter()
-        .filter(|p| p.head.is_some() && p.repaired.is_none())
+    // the poison rows not repaired: those the spec holds must be held; a year-50000 or BC row
+    // published or held
+    let unrepaired = || rec.poisons.iter().filter(|p| p.repaired.is_none());
+    let parked: Vec<String> = unrepaired().map(|p| p.subject.clone()).collect();
+    let held: Vec<String> = unrepaired()
+        .filter(|p| p.kind.held_by_spec())
+        .map(|p| p.subject.clone())
+        .collect();
+    let either: Vec<String> = unrepaired()
+        .filter(|p| !p.kind.held_by_spec())
         .map(|p| p.subject.clone())
         .collect();
     while Instant::now() < end {
-        let waiting: Result<(i64, i64), _> = sqlx::query_as(
+        let waiting: Result<(i64, i64, i64), _> = sqlx::query_as(
             "select (select count(*) from outbox_events where published_at is null and subject <> all($1)), \
-                    (select count(*) from outbox_retries where retry_at is null and subject = any($1))",
+                    (select count(*) from outbox_retries where retry_at is null and subject = any($2)), \
+                    (select count(*) from outbox_events e where e.subject = any($3) and e.published_at is null \
+                        and not exists (select 1 from outbox_retries r where r.event_id = e.id and r.retry_at is null))",
         )
+        .bind(&parked)
         .bind(&held)
+        .bind(&either)
         .fetch_one(&servers.admin)
         .await;
-        if let Ok((0, n)) = waiting {
+        if let Ok((0, n, 0)) = waiting {
             if n == held.len() as i64 {
                 return;
             }
@@ -350,7 +360,9 @@ fn stats(rec: &Recorded, fin: &Final, healed: chrono::DateTime<Utc>) -> String {
     )
 }
 
-fn print_schedule(schedule: &schedule::Schedule) {
+/// Prints `schedule`: its writers' long transactions and every operation but the shared
+/// transactions.
+pub fn print_schedule(schedule: &schedule::Schedule) {
     println!(
         "schedule of seed {}: {:?}, {} lane(s), {} s",
         schedule.seed,

@@ -52,6 +52,9 @@ struct Args {
     /// Print each schedule before running it.
     #[arg(long)]
     print_schedule: bool,
+    /// Print each schedule and run nothing.
+    #[arg(long)]
+    dry_run: bool,
     /// Keep every run's logs (a failing run's are always kept).
     #[arg(long)]
     keep_logs: bool,
@@ -109,6 +112,16 @@ fn main() -> ExitCode {
         keep_logs: args.keep_logs,
         print_schedule: args.print_schedule,
     };
+    if args.dry_run {
+        let first = args.seed.or(args.first_seed).unwrap_or(1);
+        for seed in first..first + args.seeds.unwrap_or(1) {
+            outbox_harness::print_schedule(&outbox_harness::schedule::generate(
+                seed,
+                &options.settings,
+            ));
+        }
+        return ExitCode::SUCCESS;
+    }
     let (first, count) = match args.seed {
         Some(seed) => (seed, Some(1)),
         None => {

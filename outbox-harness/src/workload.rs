@@ -259,16 +259,18 @@ impl Workload {
     /// it, each committed before the next.
     pub async fn poison(&self, id: usize, kind: PoisonKind, followers: usize) {
         let subject = crate::schedule::Schedule::poison_subject(id);
+        // the head is known before the insert: whether it committed, the table says (an
+        // insert whose answer was lost may have)
+        let head = Uuid::now_v7();
         self.history.poison(PoisonRecord {
             id,
             kind,
             subject: subject.clone(),
-            head: None,
+            head,
             repaired: None,
             unblocked: Vec::new(),
             rows_behind: 0,
         });
-        let head = Uuid::now_v7();
         let (event_type, data, created_at, time, attempts) = poison_row(id, kind);
         let record = self.history.event(EventRecord {
             label: format!("p{id}"),
@@ -294,10 +296,7 @@ impl Workload {
             .execute(&self.pool)
             .await;
         let outcome = match inserted {
-            Ok(_) => {
-                self.history.poison_update(id, |p| p.head = Some(head));
-                Outcome::Committed(Utc::now())
-            }
+            Ok(_) => Outcome::Committed(Utc::now()),
             Err(e) => Outcome::Unknown(Utc::now(), e.to_string()),
         };
         self.history.outcome(record, outcome);
@@ -328,11 +327,7 @@ impl Workload {
         let Some(poison) = self.history.poison_record(id) else {
             return;
         };
-        let Some(head) = poison.head else {
-            self.history
-                .note(format!("p{id} was never inserted: nothing to repair"));
-            return;
-        };
+        let head = poison.head;
         let fix = match poison.kind {
             PoisonKind::CreatedAtInfinity
             | PoisonKind::CreatedAtYear50000
@@ -379,9 +374,7 @@ impl Workload {
         let Some(poison) = self.history.poison_record(id) else {
             return;
         };
-        let Some(head) = poison.head else {
-            return;
-        };
+        let head = poison.head;
         if self.unblock_cli(id, head).await {
             let now = Utc::now();
             self.history.poison_update(id, |p| {
@@ -445,7 +438,7 @@ impl Workload {
             id: HELD_MANY,
             kind: PoisonKind::Uncaptured,
             subject: HELD_MANY_SUBJECT.into(),
-            head: None,
+            head,
             repaired: None,
             unblocked: Vec::new(),
             rows_behind: rows,
@@ -491,11 +484,7 @@ impl Workload {
         .await;
         let outcome = match (head_row, behind) {
             (Ok(_), Ok(_)) => match tx.commit().await {
-                Ok(()) => {
-                    self.history
-                        .poison_update(HELD_MANY, |p| p.head = Some(head));
-                    Outcome::Committed(Utc::now())
-                }
+                Ok(()) => Outcome::Committed(Utc::now()),
                 Err(e) => Outcome::Unknown(Utc::now(), e.to_string()),
             },
             (Err(e), _) | (_, Err(e)) => Outcome::Failed(Utc::now(), e.to_string()),
