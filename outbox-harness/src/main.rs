@@ -75,10 +75,6 @@ enum RelayArg {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = outbox_harness::servers::preflight() {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
     if !args.bound.is_finite() || args.bound <= 0.0 {
         eprintln!(
             "error: --bound must be a positive number of seconds, got {}",
@@ -121,6 +117,10 @@ fn main() -> ExitCode {
             ));
         }
         return ExitCode::SUCCESS;
+    }
+    if let Err(e) = outbox_harness::servers::preflight() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
     }
     let (first, count) = match args.seed {
         Some(seed) => (seed, Some(1)),
