@@ -34,6 +34,14 @@ impl NatsCluster {
     /// Starts a cluster of `size` nodes (3 or 5 in practice) and waits until every node's
     /// JetStream answers.
     pub async fn spawn(size: usize) -> NatsCluster {
+        NatsCluster::spawn_with(size, &[]).await
+    }
+
+    /// Starts a cluster of `size` nodes with further command-line arguments for every node
+    /// (for example `--no_advertise`, so that clients reach the nodes only at the addresses
+    /// they were given, such as a [`TcpProxy`](crate::TcpProxy) each, and not at the ones the
+    /// cluster would announce), and waits until every node's JetStream answers.
+    pub async fn spawn_with(size: usize, extra: &[&str]) -> NatsCluster {
         assert!(size >= 1, "a cluster has at least one node");
         let cluster_name = format!("outbox-{}", unique_token());
         let route_ports: Vec<u16> = (0..size).map(|_| free_port()).collect();
@@ -45,7 +53,7 @@ impl NatsCluster {
         let mut nodes = Vec::with_capacity(size);
         for (i, route_port) in route_ports.iter().enumerate() {
             let monitor_port = free_port();
-            let args = vec![
+            let mut args = vec![
                 "--cluster_name".to_owned(),
                 cluster_name.clone(),
                 "--cluster".to_owned(),
@@ -55,6 +63,7 @@ impl NatsCluster {
                 "-m".to_owned(),
                 monitor_port.to_string(),
             ];
+            args.extend(extra.iter().map(|a| (*a).to_owned()));
             let server = NatsServer::spawn_config(NatsServerConfig {
                 name: Some(format!("{cluster_name}-n{i}")),
                 args,

@@ -375,6 +375,13 @@ impl PgServer {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
+    /// Stops the server as a crash would (`pg_ctl -m immediate`: no shutdown checkpoint, open
+    /// connections cut); the next [`start`](Self::start) recovers from the WAL. Prepared
+    /// transactions survive it; unlogged tables come back empty.
+    pub fn crash(&self) {
+        self.run("pg_ctl", &["-w", "-m", "immediate", "stop", "-D"], true);
+    }
+
     /// `postgres://root@127.0.0.1:<port>/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://root@127.0.0.1:{}/postgres", self.port)

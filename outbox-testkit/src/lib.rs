@@ -8,6 +8,7 @@ pub mod env;
 pub mod event;
 pub mod handled;
 pub mod nats;
+pub mod proxy;
 pub mod relay;
 pub mod stream;
 #[doc(hidden)]
@@ -24,6 +25,7 @@ pub use env::{database_url, nats_url};
 pub use event::{emit_committed, open_schemas, raw_event, RawEventBuilder};
 pub use handled::wait_handled;
 pub use nats::{connect_nats, nats_server_binary, NatsServer, NatsServerConfig};
+pub use proxy::TcpProxy;
 pub use relay::run_relay;
 pub use stream::{read_stream, stream_len, Delivered};
 pub use tls::{Issued, TestCa};

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use outbox_runtime::Envelope;
 
@@ -22,6 +23,8 @@ pub struct Delivered {
     pub content_type: String,
     /// The decoded body.
     pub envelope: Envelope,
+    /// When the stream stored it (the message's JetStream timestamp, on the server's clock).
+    pub stored_at: DateTime<Utc>,
 }
 
 /// Messages in stream `name`.
@@ -58,7 +61,9 @@ pub async fn read_stream(js: &jetstream::Context, name: &str) -> Vec<Delivered> 
             .expect("the stream delivers its messages")
             .expect("the consumer does not end")
             .expect("a message");
-        let seq = msg.info().expect("jetstream metadata").stream_sequence;
+        let info = msg.info().expect("jetstream metadata");
+        let seq = info.stream_sequence;
+        let stored_at = to_chrono(info.published);
         let header = |name: &str| {
             msg.headers
                 .as_ref()
@@ -72,7 +77,27 @@ pub async fn read_stream(js: &jetstream::Context, name: &str) -> Vec<Delivered> 
             msg_id: header("Nats-Msg-Id"),
             content_type: header("Content-Type"),
             envelope: serde_json::from_slice(&msg.payload).expect("a CloudEvents envelope"),
+            stored_at,
         });
     }
     out
+}
+
+/// An async-nats time as chrono's. The type of async-nats's times depends on a feature of that
+/// crate (`chrono` or `time`) that any crate of a build may switch on, so this uses only what
+/// both offer, `from_nanos` and ordering: a binary search over nanoseconds (1970 to 2262), exact.
+fn to_chrono(t: async_nats::datetime::DateTime) -> DateTime<Utc> {
+    let at = |n: i64| async_nats::datetime::from_nanos(i128::from(n)).ok();
+    let (mut lo, mut hi) = (0i64, i64::MAX);
+    if at(lo).is_none_or(|lo| t <= lo) {
+        return DateTime::<Utc>::UNIX_EPOCH;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match at(mid) {
+            Some(m) if m < t => lo = mid,
+            _ => hi = mid,
+        }
+    }
+    DateTime::from_timestamp_nanos(hi)
 }

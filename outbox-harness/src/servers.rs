@@ -1,0 +1,303 @@
+//! The run's own servers: a Postgres (with the outbox migrations, prepared transactions
+//! enabled, and a relay role of least privilege) and a nats-server or a three-node JetStream
+//! cluster, with the run's stream. Nothing here touches the shared services.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use outbox_runtime::{StorageType, StreamSpec};
+use outbox_testkit::{nats_server_binary, NatsCluster, NatsServer, PgServer, PgServerConfig};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+use crate::schedule::{Topology, STREAM_SUBJECTS};
+
+/// The run's database.
+pub const DATABASE: &str = "harness";
+/// The role the relays log in as: no superuser, no `pg_read_all_stats`.
+pub const RELAY_ROLE: &str = "outbox_relay";
+/// The run's main stream, capturing [`STREAM_SUBJECTS`].
+pub const STREAM: &str = "HX";
+/// The main stream's `max_msg_size`, so that a row can be refused by the stream for good
+/// while it fits the server's `max_payload` (1 MiB).
+pub const MAX_MSG_SIZE: i32 = 256 * 1024;
+
+/// What the relay role is granted, table by table: the relay's lines of
+/// `ops/postgres/grants.sql`, and nothing on the consumer tables or the migrations' own. A
+/// table a later migration drops is skipped; a table the relay comes to need shows as a relay
+/// that refuses to start or dies with "permission denied", which names it.
+pub const RELAY_GRANTS: [(&str, &str); 3] = [
+    // it reads unpublished rows and marks them published or failed; it never inserts or
+    // deletes an event
+    ("outbox_events", "select, update (published_at, attempts)"),
+    // its retry schedule and held rows
+    ("outbox_retries", "select, insert, update, delete"),
+    // the relay lease
+    ("outbox_relay_lease", "select, insert, update"),
+];
+
+/// Fails, naming how to install them, when the binaries a run needs are missing.
+pub fn preflight() -> Result<(), String> {
+    let postgres = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.ok())
+        .any(|v| v.path().join("bin/initdb").exists() && v.path().join("bin/pg_ctl").exists());
+    if !postgres {
+        return Err(
+            "the harness runs a Postgres of its own and needs initdb and pg_ctl under \
+             /usr/lib/postgresql/*/bin: run `scripts/services` (it installs them), or install \
+             the `postgresql` package"
+                .into(),
+        );
+    }
+    let nats = nats_server_binary();
+    let runs = std::process::Command::new(&nats)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !runs {
+        return Err(format!(
+            "the harness runs nats-servers of its own and cannot run {}: run `scripts/services` \
+             (it installs nats-server), or set NATS_SERVER_BIN",
+            nats.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The nats-server binary the runs use, and its version, in words.
+pub fn nats_server_version() -> String {
+    let bin = nats_server_binary();
+    let version = std::process::Command::new(&bin)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!("{} ({version})", bin.display())
+}
+
+/// The broker: one server or a cluster.
+#[derive(Debug)]
+pub enum Broker {
+    /// One nats-server.
+    Single(NatsServer),
+    /// Three nodes.
+    Cluster(NatsCluster),
+}
+
+impl Broker {
+    /// The server of node `n`.
+    pub fn node(&mut self, n: usize) -> &mut NatsServer {
+        match self {
+            Broker::Single(s) => s,
+            Broker::Cluster(c) => &mut c.nodes[n].server,
+        }
+    }
+}
+
+/// The run's servers.
+#[derive(Debug)]
+pub struct Servers {
+    /// The Postgres server.
+    pub pg: Arc<PgServer>,
+    /// A superuser's pool on the run's database (the writers', the checker's, the operator's).
+    pub admin: PgPool,
+    /// The broker, locked by whoever stops or starts a node.
+    pub broker: tokio::sync::Mutex<Broker>,
+    /// The nodes' client ports, in node order.
+    pub node_ports: Vec<u16>,
+    /// The nodes' names, in node order.
+    pub node_names: Vec<String>,
+    /// A client of the harness's own, straight to the broker.
+    pub client: async_nats::Client,
+    /// JetStream on it.
+    pub js: jetstream::Context,
+    /// The topology.
+    pub topology: Topology,
+}
+
+impl Servers {
+    /// Starts Postgres and the broker, migrates, creates the relay role and the stream.
+    pub async fn start(topology: Topology) -> Servers {
+        let pg = tokio::task::spawn_blocking(|| {
+            PgServer::spawn_config(PgServerConfig {
+                settings: vec![
+                    ("max_prepared_transactions".into(), "32".into()),
+                    ("max_connections".into(), "200".into()),
+                ],
+                ..PgServerConfig::default()
+            })
+        })
+        .await
+        .expect("start Postgres");
+        let pg = Arc::new(pg);
+        let server = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&pg.url())
+            .await
+            .expect("connect to the run's Postgres");
+        sqlx::query(sqlx::AssertSqlSafe(format!("create database {DATABASE}")))
+            .execute(&server)
+            .await
+            .expect("create the run's database");
+        server.close().await;
+        let admin = PgPoolOptions::new()
+            .max_connections(60)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&root_url(pg.port))
+            .await
+            .expect("connect to the run's database");
+        outbox_runtime::migrate(&admin)
+            .await
+            .expect("apply the outbox migrations");
+        relay_role(&admin).await;
+
+        let (broker, node_ports, node_names, client) = match topology {
+            Topology::Single => {
+                let server = NatsServer::spawn().await;
+                let client = outbox_testkit::connect_nats(&server.url()).await;
+                let (port, name) = (server.port(), server.name().to_owned());
+                (Broker::Single(server), vec![port], vec![name], client)
+            }
+            Topology::Cluster => {
+                // clients reach the nodes only through the addresses they were given (the
+                // relays' proxies), not at the ones a cluster announces
+                let cluster = NatsCluster::spawn_with(3, &["--no_advertise"]).await;
+                let client = cluster.connect().await;
+                let ports = cluster.nodes.iter().map(|n| n.server.port()).collect();
+                let names = cluster
+                    .nodes
+                    .iter()
+                    .map(|n| n.server.name().to_owned())
+                    .collect();
+                (Broker::Cluster(cluster), ports, names, client)
+            }
+        };
+        let js = jetstream::new(client.clone());
+        let servers = Servers {
+            pg,
+            admin,
+            broker: tokio::sync::Mutex::new(broker),
+            node_ports,
+            node_names,
+            client,
+            js,
+            topology,
+        };
+        servers.create_stream(STREAM, STREAM_SUBJECTS).await;
+        servers
+    }
+
+    /// The superuser's URL of the run's database (straight to Postgres).
+    pub fn root_url(&self) -> String {
+        root_url(self.pg.port)
+    }
+
+    /// The relay role's URL of the run's database through the proxy on `port`.
+    pub fn relay_url(&self, port: u16) -> String {
+        format!("postgres://{RELAY_ROLE}@127.0.0.1:{port}/{DATABASE}")
+    }
+
+    /// Creates (or finds) stream `name` capturing `subjects`: file storage, one replica per
+    /// node, [`MAX_MSG_SIZE`].
+    pub async fn create_stream(&self, name: &str, subjects: &str) {
+        let spec = StreamSpec {
+            name: name.to_owned(),
+            subjects: vec![subjects.to_owned()],
+            storage: StorageType::File,
+            replicas: self.node_ports.len(),
+            ..StreamSpec::default()
+        };
+        let config = jetstream::stream::Config {
+            max_message_size: MAX_MSG_SIZE,
+            ..spec.to_config()
+        };
+        // a stream created during a fault (a node down, an election) may take a few tries
+        let mut last = String::new();
+        for _ in 0..150 {
+            match self.js.get_or_create_stream(config.clone()).await {
+                Ok(_) => return,
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("stream {name} not created within 30 s: {last}");
+    }
+
+    /// The node leading the stream now, if one does and says so within a few seconds.
+    pub async fn stream_leader(&self) -> Option<usize> {
+        let ask = async {
+            let mut stream = self.js.get_stream(STREAM).await.ok()?;
+            let info = stream.info().await.ok()?;
+            let leader = info.cluster.as_ref()?.leader.clone()?;
+            self.node_names.iter().position(|n| *n == leader)
+        };
+        tokio::time::timeout(Duration::from_secs(5), ask)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Asks the stream's leader to step down; the API's answer, or why there was none.
+    pub async fn step_down(&self) -> Result<String, String> {
+        let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}");
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.client.request(subject, "".into()),
+        )
+        .await
+        .map_err(|_| "no answer within 5 s".to_owned())?
+        .map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&answer.payload).into_owned())
+    }
+
+    /// Stops Postgres (fast, or immediate: a crash).
+    pub async fn pg_stop(&self, immediate: bool) {
+        let pg = self.pg.clone();
+        tokio::task::spawn_blocking(move || if immediate { pg.crash() } else { pg.stop() })
+            .await
+            .expect("stop Postgres");
+    }
+
+    /// Starts Postgres again and waits until it accepts connections.
+    pub async fn pg_start(&self) {
+        let pg = self.pg.clone();
+        tokio::task::spawn_blocking(move || pg.start())
+            .await
+            .expect("start Postgres");
+    }
+}
+
+fn root_url(port: u16) -> String {
+    format!("postgres://root@127.0.0.1:{port}/{DATABASE}")
+}
+
+/// Creates [`RELAY_ROLE`] with [`RELAY_GRANTS`] on the tables that exist.
+async fn relay_role(admin: &PgPool) {
+    let mut statements = vec![
+        format!("create role {RELAY_ROLE} login"),
+        format!("grant connect on database {DATABASE} to {RELAY_ROLE}"),
+        format!("grant usage on schema public to {RELAY_ROLE}"),
+    ];
+    for (table, privileges) in RELAY_GRANTS {
+        let exists: bool = sqlx::query_scalar("select to_regclass($1) is not null")
+            .bind(table)
+            .fetch_one(admin)
+            .await
+            .expect("look the table up");
+        if exists {
+            statements.push(format!("grant {privileges} on {table} to {RELAY_ROLE}"));
+        }
+    }
+    for statement in statements {
+        // the statements are the harness's own constants
+        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(admin)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+}
