@@ -151,14 +151,16 @@ impl Cursor {
         self.next_sweep
     }
 
-    /// A sweep step read `window` (up to `limit` rows) at `now`: a claimable row there pulls
-    /// the cursor back to it, and the next step starts over from the beginning; otherwise the
-    /// next step goes on after the rows read, or starts over when it read to the cursor.
-    /// Returns the row found, if any.
+    /// A sweep step read `window` (up to `limit` rows) at `now`: a claimable row there sends
+    /// the cursor back to the start of the table, so that the windows find the first claimable
+    /// row again (the step began where the last one ended: an older row of the same subject may
+    /// lie before it, and must go out first), and the next step starts over from the
+    /// beginning; otherwise the next step goes on after the rows read, or starts over when it
+    /// read to the cursor. Returns the row found, if any.
     pub(super) fn swept(&mut self, window: &Window, limit: i64, now: Instant) -> Option<Position> {
         self.next_sweep = now + SWEEP_EVERY;
         if let Some(found) = window.first_claimable {
-            self.pull_back(found);
+            self.pull_back(Position::START);
             self.sweep_from = Position::START;
             return Some(found);
         }
@@ -331,23 +333,31 @@ mod tests {
         assert_eq!(c.sweep_due(t1), None, "a second later");
         let t2 = t1 + SWEEP_EVERY;
         assert_eq!(c.sweep_due(t2), Some((p(30, 2), p(500, 1))));
-        // it finds a claimable row
+        // it finds a claimable row: the windows start over (an older row of its subject may lie
+        // before the step's start), and so does the sweep
         assert_eq!(
             c.swept(&window(2, Some(p(40, 7)), Some(p(45, 1))), LIMIT, t2),
             Some(p(40, 7))
         );
-        assert_eq!(c.start(), p(40, 7));
+        assert_eq!(c.start(), Position::START);
         let t3 = t2 + SWEEP_EVERY;
-        assert_eq!(
-            c.sweep_due(t3),
-            Some((Position::START, p(40, 7))),
-            "from the start again"
+        assert_eq!(c.sweep_due(t3), None, "nothing lies before the start");
+        c.advance(
+            &window(1, Some(p(20, 1)), Some(p(20, 1))),
+            LIMIT,
+            Some(Stamp(1_000)),
         );
+        assert_eq!(
+            c.start(),
+            p(20, 1),
+            "the first claimable row, older than the one found"
+        );
+        assert_eq!(c.sweep_due(t3), Some((Position::START, p(20, 1))));
         // a step that read to the cursor starts over too
         c.swept(&window(1, None, Some(p(1, 1))), LIMIT, t3);
         assert_eq!(
             c.sweep_due(t3 + SWEEP_EVERY),
-            Some((Position::START, p(40, 7)))
+            Some((Position::START, p(20, 1)))
         );
     }
 
