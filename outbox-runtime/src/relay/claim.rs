@@ -93,9 +93,11 @@ impl<'r> Claim<'r> {
                 }
             }
             let window = range(&mut tx, relay, lane, cursor.start(), None, limit).await?;
-            let mut from = cursor.start();
             let mut bound = cursor.advance(&window, limit, safe);
-            if let Some(scan) = cursor.scan() {
+            // the claim reads from the cursor, now at the window's first claimable row
+            let mut from = cursor.start();
+            let scanning = cursor.scan();
+            if let Some(scan) = scanning {
                 let ahead = range(&mut tx, relay, lane, scan, None, limit).await?;
                 from = scan;
                 bound = cursor.scan_bound(&ahead, limit, safe);
@@ -116,7 +118,11 @@ impl<'r> Claim<'r> {
                 claim.rows = claim.fetch_due(lane, size).await?;
                 claim.due = claim.rows.len();
             }
-            if claim.due < size {
+            // a window with nothing claimable, read from the cursor, leaves the claim nothing
+            // to find but rows committed since, which the next batch finds (or their
+            // notification announces)
+            let nothing = window.first_claimable.is_none() && scanning.is_none();
+            if claim.due < size && !nothing {
                 let paused = relay.paused(Instant::now());
                 let mut rows = claim
                     .fetch(lane, size - claim.due, from, bound, &paused)

@@ -127,6 +127,8 @@ pub struct Relay {
     counters: stats::Counters,
     /// What [`Relay::health`] reports.
     health: std::sync::Arc<stats::Health>,
+    /// The rows published over the last second, for the lanes' wake-up.
+    recent: stats::Recent,
     /// The wake lock, for the lanes waiting for commits.
     waker: std::sync::Arc<wake::Waker>,
     /// The horizon the cursors stay behind, sampled by the batches.
@@ -269,6 +271,7 @@ impl Relay {
             streams: std::sync::Arc::new(streams::Streams::new(elections)),
             counters: stats::Counters::default(),
             health: std::sync::Arc::new(stats::Health::new(config.lanes)),
+            recent: stats::Recent::default(),
             waker: Default::default(),
             horizon: Default::default(),
             cursor: tokio::sync::Mutex::new(cursor::Cursor::new(tokio::time::Instant::now())),

@@ -26,6 +26,14 @@ pub(super) const SHUTDOWN_MARGIN: Duration = Duration::from_secs(15);
 const RECONNECT_POLL: Duration = Duration::from_millis(100);
 /// How often a lane without a term looks whether the relay took the lease.
 const TERM_POLL: Duration = Duration::from_secs(1);
+/// Below this many rows published a second, an idle lane waits for notifications at once
+/// (they cost little at that rate); above it, it lingers first, claiming again after 1 ms,
+/// 2 ms, 4 ms, 8 ms, and waits for notifications only once it has found nothing for that long
+/// (every emit would notify while it waits, and Postgres serialises the commits of notifying
+/// transactions: a steady load is cheaper found by claims than announced).
+const BUSY_ROWS_PER_SECOND: u64 = 200;
+/// See [`BUSY_ROWS_PER_SECOND`].
+const LINGER_BEFORE_WAITING: Duration = Duration::from_millis(16);
 /// The longest a due retry is left to the fallback poll.
 const MIN_RETRY_WAIT: Duration = Duration::from_millis(20);
 
@@ -202,8 +210,11 @@ impl Relay {
             LaneStep::Backoff(wait) => (now + wait, false),
             LaneStep::Reconnect(wait) => return self.reconnect(now + wait, stop).await,
             LaneStep::Wait { linger } => {
-                let _want = self.waker.want();
-                let until = if self.waker.armed_since(waits.epoch) {
+                let busy = self.recent.per_second(now) >= BUSY_ROWS_PER_SECOND;
+                let may_wait = self.waker.armed_since(waits.epoch);
+                let wants = may_wait || !busy || linger >= LINGER_BEFORE_WAITING;
+                let _want = wants.then(|| self.waker.want());
+                let until = if may_wait {
                     // emits notify: wait for a commit, the fallback poll, the next retry, the
                     // next sweep, the end of a subject's pause or of the term
                     let mut until = now + self.config.poll_interval;
@@ -265,6 +276,7 @@ impl Relay {
         effects.pause(self, now);
         effects.apply(cursor, now);
         let r = effects.report;
+        self.recent.published(r.published as u64, now);
         let outcome = if r.published > 0 || r.held > 0 {
             BatchOutcome::Published
         } else if r.failed > 0 {

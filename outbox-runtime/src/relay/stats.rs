@@ -206,3 +206,84 @@ impl Health {
         }
     }
 }
+
+/// The rows a relay published over the last second or so, for the lanes' choice between
+/// waiting for notifications and lingering ([`Relay::run`](super::Relay::run), *Wake-up*).
+#[derive(Debug, Default)]
+pub(super) struct Recent {
+    inner: std::sync::Mutex<RecentInner>,
+}
+
+#[derive(Debug, Default)]
+struct RecentInner {
+    /// The second being counted: when it began, and its rows.
+    since: Option<tokio::time::Instant>,
+    rows: u64,
+    /// The rows of the last whole second.
+    last: u64,
+}
+
+impl Recent {
+    const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
+    fn roll(inner: &mut RecentInner, now: tokio::time::Instant) {
+        match inner.since {
+            Some(since) if now.saturating_duration_since(since) < Self::SECOND => {}
+            Some(since) if now.saturating_duration_since(since) < Self::SECOND * 2 => {
+                inner.last = inner.rows;
+                inner.rows = 0;
+                inner.since = Some(since + Self::SECOND);
+            }
+            _ => {
+                inner.last = 0;
+                inner.rows = 0;
+                inner.since = Some(now);
+            }
+        }
+    }
+
+    /// `rows` were published at `now`.
+    pub(super) fn published(&self, rows: u64, now: tokio::time::Instant) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        Self::roll(&mut inner, now);
+        inner.rows += rows;
+    }
+
+    /// The rows of the last whole second, or of the current one if more.
+    pub(super) fn per_second(&self, now: tokio::time::Instant) -> u64 {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        Self::roll(&mut inner, now);
+        inner.last.max(inner.rows)
+    }
+}
+
+#[cfg(test)]
+mod recent_tests {
+    use super::Recent;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    #[test]
+    fn the_rate_is_the_last_whole_second_or_the_current_one_if_more() {
+        let r = Recent::default();
+        let t0 = Instant::now();
+        r.published(30, t0);
+        assert_eq!(r.per_second(t0), 30);
+        r.published(50, t0 + Duration::from_millis(1_200));
+        assert_eq!(
+            r.per_second(t0 + Duration::from_millis(1_300)),
+            50,
+            "this second's 50 > last's 30"
+        );
+        assert_eq!(
+            r.per_second(t0 + Duration::from_millis(2_100)),
+            50,
+            "the last whole second"
+        );
+        assert_eq!(
+            r.per_second(t0 + Duration::from_secs(5)),
+            0,
+            "seconds without rows"
+        );
+    }
+}
