@@ -315,7 +315,8 @@ async fn soak(options: Options) -> bool {
             })
         })
         .collect();
-    let left = (options.minutes as f64 * 60.0 - started.elapsed().as_secs_f64() - 20.0).max(0.0);
+    // (less 30 s for starting the relays and readers and for the end's drain)
+    let left = (options.minutes as f64 * 60.0 - started.elapsed().as_secs_f64() - 30.0).max(0.0);
     let step_secs = (left / plan.len() as f64).max(5.0);
 
     println!(
@@ -622,7 +623,7 @@ async fn baseline(db: &TestDb, shape: Shape, options: &Options, load: &Load) -> 
     };
     let mut steps = Vec::new();
     for (fraction, rate) in loads {
-        let result = load::step(&mut conns, shape, Writer::Insert, rate, 5.0, load).await;
+        let result = load::step(&mut conns, shape, Writer::Insert, rate, 4.0, load).await;
         println!(
             "baseline {}: {}",
             step_label(shape, fraction, rate, options.rate.is_some()),
@@ -640,7 +641,7 @@ async fn baseline(db: &TestDb, shape: Shape, options: &Options, load: &Load) -> 
     }
 }
 
-/// The highest open-loop rate the inserts sustain, bisecting in four 4-second steps from 90%
+/// The highest open-loop rate the inserts sustain, bisecting in four 3-second steps from 90%
 /// of the closed-loop rate (up by 15% while every step keeps up).
 async fn search(
     conns: &mut Vec<PgConnection>,
@@ -653,7 +654,7 @@ async fn search(
     let mut rate = 0.9 * closed;
     let mut best_achieved: f64 = 0.0;
     for n in 1..=4 {
-        let result = load::step(conns, shape, Writer::Insert, rate, 4.0, load).await;
+        let result = load::step(conns, shape, Writer::Insert, rate, 3.0, load).await;
         let kept_up = result.sustained(max_p50_ms);
         best_achieved = best_achieved.max(result.achieved);
         println!(

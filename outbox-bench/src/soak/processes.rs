@@ -94,6 +94,8 @@ pub struct RelayProcess {
     command: Vec<String>,
     bin: PathBuf,
     log: PathBuf,
+    /// How far [`warnings`](Self::warnings) has read the log.
+    log_read: usize,
 }
 
 impl RelayProcess {
@@ -126,6 +128,7 @@ impl RelayProcess {
             command,
             bin: bin.to_owned(),
             log: log_dir.join(format!("{name}.log")),
+            log_read: 0,
         };
         relay.spawn();
         relay
@@ -165,6 +168,14 @@ impl RelayProcess {
                 self.log_tail()
             );
         }
+    }
+
+    /// The warnings and errors it logged since the last call, by message ([`count_warnings`]).
+    pub fn warnings(&mut self) -> Vec<(usize, String)> {
+        let text = std::fs::read(&self.log).unwrap_or_default();
+        let new = String::from_utf8_lossy(&text[self.log_read.min(text.len())..]).into_owned();
+        self.log_read = text.len();
+        count_warnings(&new)
     }
 
     /// The last 20 lines of its log.
@@ -230,6 +241,30 @@ impl Drop for RelayProcess {
             let _ = child.wait();
         }
     }
+}
+
+/// The `WARN` and `ERROR` lines of a log, counted by message (its text up to the first colon
+/// or parenthesis, at most 80 bytes), most frequent first.
+fn count_warnings(log: &str) -> Vec<(usize, String)> {
+    let mut counts: Vec<(usize, String)> = Vec::new();
+    for line in log.lines() {
+        let Some(at) = line.find(" WARN ").or_else(|| line.find(" ERROR ")) else {
+            continue;
+        };
+        // `<time>  WARN <target>: <message>`
+        let rest = &line[at..];
+        let message = rest.split_once(": ").map_or(rest, |(_, m)| m);
+        let end = message.find([':', '(']).unwrap_or(message.len()).min(80);
+        let message = message[..message.floor_char_boundary(end)]
+            .trim()
+            .to_owned();
+        match counts.iter_mut().find(|(_, m)| *m == message) {
+            Some((n, _)) => *n += 1,
+            None => counts.push((1, message)),
+        }
+    }
+    counts.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    counts
 }
 
 /// `GET /metrics` on `127.0.0.1:<port>`, as Prometheus scrapes it: the body, or `None` when
@@ -399,6 +434,23 @@ mod tests {
         let metrics = "# TYPE outbox_relay_lease_held gauge\noutbox_relay_lease_held 1\noutbox_relay_lease_held_x 5\n";
         assert_eq!(gauge(metrics, "outbox_relay_lease_held"), Some(1.0));
         assert_eq!(gauge(metrics, "outbox_relay_lease"), None);
+    }
+
+    #[test]
+    fn warnings_are_counted_by_message() {
+        let log = "\
+2026-12-06T07:25:14Z  INFO outbox_runtime::relay::lease: outbox relay took the lease
+2026-12-06T07:25:25Z  WARN outbox_runtime::relay::listen: outbox relay lost its LISTEN connection (the connection closed); polling
+2026-12-06T07:25:45Z  WARN outbox_runtime::relay::listen: outbox relay lost its LISTEN connection (error returned); polling
+2026-12-06T07:25:46Z ERROR outbox_runtime::relay::run: a batch failed: timeout
+";
+        assert_eq!(
+            count_warnings(log),
+            [
+                (2, "outbox relay lost its LISTEN connection".to_owned()),
+                (1, "a batch failed".to_owned())
+            ]
+        );
     }
 
     #[test]

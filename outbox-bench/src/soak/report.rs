@@ -92,7 +92,9 @@ impl Reporting {
         let mut last_backlog = Instant::now() - Duration::from_secs(5);
         let mut before = Before::default();
         let mut apps = HashMap::new();
+        self.name_backends(&mut apps).await;
         before.cpu = self.cpu_totals();
+        before.work = self.cpu.lock().expect("cpu").backends_by_work(&apps);
         before.handled = self.handled.load(Ordering::Relaxed);
         before.read = self.stream_check.lock().expect("stream check").messages;
         before.deleted = probe::table_state(&self.probe, self.keep).await.deleted;
@@ -101,15 +103,13 @@ impl Reporting {
             if last_backlog.elapsed() >= Duration::from_secs(5) {
                 last_backlog = Instant::now();
                 backlog_max = backlog_max.max(probe::backlog(&self.probe).await);
-                // which backend works for what, for the CPU by work (an exited backend's
-                // name is remembered)
-                for (pid, name) in probe::backend_names(&self.probe).await {
-                    apps.insert(pid as u32, name);
-                }
+                self.name_backends(&mut apps).await;
             }
             let elapsed = minute_started.elapsed();
             if elapsed >= Duration::from_secs(60) || stopping {
                 if elapsed >= Duration::from_secs(5) {
+                    // every backend alive now is named before its time is split by work
+                    self.name_backends(&mut apps).await;
                     let number = minutes.len() + 1;
                     minutes.push(
                         self.minute(number, elapsed, backlog_max, &apps, &mut before)
@@ -123,6 +123,14 @@ impl Reporting {
                 return minutes;
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Which backend works for what, by its `application_name`, for the CPU by work. An
+    /// exited backend's name is remembered, so its time stays where it was counted.
+    async fn name_backends(&self, apps: &mut HashMap<u32, String>) {
+        for (pid, name) in probe::backend_names(&self.probe).await {
+            apps.insert(pid as u32, name);
         }
     }
 
@@ -181,11 +189,15 @@ impl Reporting {
         let polls = std::mem::take(&mut *self.polls.lock().expect("polls"));
         let mut relay_lines = Vec::new();
         let mut relay_readings = Vec::new();
+        let mut warnings = Vec::new();
         for relay in &self.relays {
-            let Ok(r) = relay.try_lock() else {
+            let Ok(mut r) = relay.try_lock() else {
                 relay_lines.push("restarting".to_owned());
                 continue;
             };
+            for (n, message) in r.warnings() {
+                warnings.push(format!("{} {n}x \"{message}\"", r.name));
+            }
             let conns = connections.get(&r.name).copied().unwrap_or(0);
             match r
                 .pid()
@@ -245,6 +257,9 @@ impl Reporting {
             relay_lines.join("; "),
             polls.lease.as_deref().unwrap_or("?")
         );
+        if !warnings.is_empty() {
+            println!("  relay warnings: {}", warnings.join("; "));
+        }
         let by_work: Vec<String> = Work::ALL
             .iter()
             .map(|w| {
@@ -252,14 +267,20 @@ impl Reporting {
                 format!("{} {}", w.name(), cost(d))
             })
             .collect();
+        let postgres = used(cpu[0] + cpu[1], before.cpu[0] + before.cpu[1]);
         println!(
-            "  CPU{}: Postgres {} (this database's backends: {}; the server's own processes {}); relays {}; nats-server {}; this process {}",
+            "  CPU {}: Postgres {}{} (this database's backends: {}; the server's own processes {}); relays {}; nats-server {}; this process {}",
             if counts.committed > 0 {
-                " per event committed"
+                "per event committed, in us"
             } else {
-                ""
+                "in cores (no events committed)"
             },
-            cost(used(cpu[0] + cpu[1], before.cpu[0] + before.cpu[1])),
+            cost(postgres),
+            if counts.committed > 0 {
+                format!(", {:.2} cores", postgres.as_secs_f64() / secs)
+            } else {
+                String::new()
+            },
             by_work.join(", "),
             cost(used(cpu[1], before.cpu[1])),
             cost(used(cpu[2], before.cpu[2])),
@@ -310,11 +331,12 @@ pub fn steps(baselines: &[Baseline], plan: &[OutboxStep], in_flight: &InFlight, 
         let Some(result) = &step.result else { continue };
         let reads = in_flight.of_step(i);
         println!(
-            "{}: insert achieved {}/s, emit achieved {}/s ({}); commit p99 insert {} emit {} ms ({}); stream {}; consumer {}; backlog at the end {}",
+            "{}: achieved/offered insert {}/{}, emit {}/{}; commit p99 insert {} emit {} ms ({}); stream {}; consumer {}; backlog at the end {}",
             step.label,
             thousands(step.baseline.achieved),
+            thousands(step.baseline.offered),
             thousands(result.achieved),
-            ratio(Some(result.achieved), Some(step.baseline.achieved)),
+            thousands(result.offered),
             fmt_ms(p99(&step.baseline.latency)),
             fmt_ms(p99(&result.latency)),
             ratio(p99(&result.latency), p99(&step.baseline.latency)),
@@ -345,16 +367,12 @@ fn capacity_ratio(b: &Baseline, plan: &[OutboxStep]) -> Option<f64> {
     Some(full.result.as_ref()?.achieved / capacity)
 }
 
-/// `120 us (0.42 cores)` per event, or `0.42 cores` without events.
+/// Microseconds of `used` per event, or the cores it kept busy over `secs` without events.
 fn cpu_cost(used: Duration, secs: f64, events: u64) -> String {
-    let cores = used.as_secs_f64() / secs;
     if events == 0 {
-        format!("{cores:.2} cores")
+        format!("{:.2}", used.as_secs_f64() / secs)
     } else {
-        format!(
-            "{:.0} us ({cores:.2} cores)",
-            used.as_secs_f64() * 1e6 / events as f64
-        )
+        format!("{:.0}", used.as_secs_f64() * 1e6 / events as f64)
     }
 }
 
@@ -403,9 +421,9 @@ pub fn summary(
         stream.merge(&reads.stream);
         consumer.merge(&reads.consumer);
     }
-    // expired rows left, per minute under load, once retention could have deleted some: from
-    // the end of the first minute that began after the keep and a pass
-    let from = keep.as_secs_f64() + 120.0;
+    // expired rows left, per minute under load, once retention could have deleted some (its
+    // pass a minute after the first rows expired)
+    let from = keep.as_secs_f64() + 60.0;
     let points: Vec<(f64, f64)> = minutes
         .iter()
         .filter(|m| m.loaded && m.at >= from)
