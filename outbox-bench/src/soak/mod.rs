@@ -551,30 +551,9 @@ async fn soak(options: Options) -> bool {
     let applied = readers::check_applied(&probe_pool, &written, pending).await;
     let backlog_at_end = probe::backlog(&probe_pool).await;
     let stream = stream_check.lock().expect("stream check").clone();
-    let missing_in_stream: u64 = written
-        .iter()
-        .map(|(s, n)| n.saturating_sub(stream.next.get(&s.to_string()).copied().unwrap_or(0)))
-        .sum();
     let plan = plan.lock().expect("plan").clone();
     report::steps(&baselines, &plan, &in_flight, options.rate.is_some());
-    let passed = applied.lost == 0
-        && applied.duplicated == 0
-        && applied.reordered == 0
-        && stream.skipped == 0
-        && missing_in_stream == 0
-        && backlog_at_end == 0
-        && drained;
-    println!(
-        "correctness: emitted={emitted} applied={} consumer_pending={pending} lost={} duplicated={} reordered={} stream_messages={} stream_repeated={} stream_skipped={} stream_missing={missing_in_stream} backlog_at_end={backlog_at_end} drained={drained}: {}",
-        applied.rows,
-        applied.lost,
-        applied.duplicated,
-        applied.reordered,
-        stream.messages,
-        stream.repeated,
-        stream.skipped,
-        if passed { "passed" } else { "FAILED" }
-    );
+    let passed = report::correctness(&written, applied, pending, &stream, backlog_at_end, drained);
     if !passed {
         println!("the relays' logs stay in {}", logs.display());
     } else {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::load::{thousands, Shape, StepResult, Tally};
 use super::probe::{self, mb, CpuMeter, Kind, Work};
 use super::processes::{Polls, RelayProcess};
-use super::readers::{InFlight, StreamCheck};
+use super::readers::{Applied, InFlight, StreamCheck};
 use super::stats::Histogram;
 use super::{Baseline, OutboxStep};
 
@@ -354,6 +354,44 @@ pub fn steps(baselines: &[Baseline], plan: &[OutboxStep], in_flight: &InFlight, 
             );
         }
     }
+}
+
+/// Prints the `correctness:` line: what the consumer applied (`applied`, with `pending` still
+/// in its durable) and what the stream reader read (`stream`), against what was `written`
+/// (events per subject); whether the run passes: nothing lost, applied twice, out of order,
+/// skipped or missing in the stream, nothing left unpublished, the relays drained.
+pub fn correctness(
+    written: &[(uuid::Uuid, u64)],
+    applied: Applied,
+    pending: u64,
+    stream: &StreamCheck,
+    backlog_at_end: i64,
+    drained: bool,
+) -> bool {
+    let emitted: u64 = written.iter().map(|(_, n)| n).sum();
+    let missing: u64 = written
+        .iter()
+        .map(|(s, n)| n.saturating_sub(stream.next.get(&s.to_string()).copied().unwrap_or(0)))
+        .sum();
+    let passed = applied.lost == 0
+        && applied.duplicated == 0
+        && applied.reordered == 0
+        && stream.skipped == 0
+        && missing == 0
+        && backlog_at_end == 0
+        && drained;
+    println!(
+        "correctness: emitted={emitted} applied={} consumer_pending={pending} lost={} duplicated={} reordered={} stream_messages={} stream_repeated={} stream_skipped={} stream_missing={missing} backlog_at_end={backlog_at_end} drained={drained}: {}",
+        applied.rows,
+        applied.lost,
+        applied.duplicated,
+        applied.reordered,
+        stream.messages,
+        stream.repeated,
+        stream.skipped,
+        if passed { "passed" } else { "FAILED" }
+    );
+    passed
 }
 
 /// The rate emits achieved when offered the inserts' capacity, against that capacity: at most
