@@ -254,15 +254,19 @@ async fn soak(options: Options) -> bool {
     let js = jetstream::new(nats.connect().await);
     // a service's stream: file storage, the default duplicate window, every message kept (a
     // consumer that falls behind must still find them; the store goes with the run)
-    StreamSpec {
+    let spec = StreamSpec {
         name: STREAM.into(),
         subjects: vec![OrderRevised::EVENT_TYPE.into()],
         replicas: nats.replicas(),
         ..Default::default()
+    };
+    // a new cluster elects its first meta leader in the first seconds
+    let mut tries = 0;
+    while let Err(e) = spec.ensure(&js).await {
+        tries += 1;
+        assert!(tries < 100, "create the soak's stream: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    .ensure(&js)
-    .await
-    .expect("create the soak's stream");
 
     let shapes: Vec<String> = options.shapes.iter().map(|s| s.label()).collect();
     println!(
