@@ -9,8 +9,9 @@ mod emit;
 mod latency;
 mod relay;
 mod retention;
+mod soak;
 
-const MODES: &str = "codegen, relay, latency, emit, claim, retention";
+const MODES: &str = "codegen, relay, latency, emit, claim, retention, soak";
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
@@ -21,6 +22,7 @@ fn main() {
         "emit" => emit::run(),
         "claim" => claim::run(),
         "retention" => retention::run(),
+        "soak" => soak::run(),
         other => {
             eprintln!("unknown benchmark mode `{other}`; modes: {MODES}");
             std::process::exit(2);
