@@ -114,9 +114,11 @@ impl<'r> Claim<'r> {
                 bound,
             };
             let size = relay.config.batch_size;
+            let mut cut = HashSet::new();
             if start.due {
                 claim.rows = claim.fetch_due(lane, size).await?;
                 claim.due = claim.rows.len();
+                cut = claim.holes(lane, cursor.start()).await?;
             }
             // a window with nothing claimable, read from the cursor, leaves the claim nothing
             // to find but rows committed since, which the next batch finds (or their
@@ -124,12 +126,13 @@ impl<'r> Claim<'r> {
             let nothing = window.first_claimable.is_none() && scanning.is_none();
             if claim.due < size && !nothing {
                 let paused = relay.paused(Instant::now());
-                let mut rows = claim
-                    .fetch(lane, size - claim.due, from, bound, &paused)
+                let (mut rows, main_cut) = claim
+                    .fetch(lane, size - claim.due, from, bound, cursor.start(), &paused)
                     .await?;
+                cut.extend(main_cut);
                 claim.rows.append(&mut rows);
             }
-            claim.cut_holes(lane, cursor.start()).await?;
+            claim.cut(cut);
             relay.counters.claimed();
             claim.report.claimed = claim.rows.len() + claim.report.skipped;
             tracing::Span::current().record("claimed", claim.report.claimed);
@@ -155,20 +158,22 @@ impl<'r> Claim<'r> {
         decode(timed(OUTBOX_RETRIES, query.fetch_all(self.tx.conn())).await?)
     }
 
-    /// [`CLAIM`](sql::CLAIM) from `from`, up to and including `bound` if any, up to `limit`
-    /// rows, leaving the `paused` subjects out.
+    /// [`CLAIM_CUT`](sql::CLAIM_CUT) from `from`, up to and including `bound` if any, up to
+    /// `limit` rows, leaving the `paused` subjects out; with the ids of the rows after a hole of
+    /// their subject from `cursor` on.
     async fn fetch(
         &mut self,
         lane: Lane,
         limit: usize,
         from: Position,
         bound: Option<Position>,
+        cursor: Position,
         paused: &[String],
-    ) -> Result<Vec<Row>> {
+    ) -> Result<(Vec<Row>, Vec<Uuid>)> {
         let statement = if self.relay.trace_columns {
-            sql::CLAIM_TRACED
+            sql::CLAIM_CUT_TRACED
         } else {
-            sql::CLAIM
+            sql::CLAIM_CUT
         };
         let query = sqlx::query(statement)
             .bind(limit as i64)
@@ -179,16 +184,27 @@ impl<'r> Claim<'r> {
             .bind(from.id)
             .bind(bound.map(|b| b.at))
             .bind(bound.map(|b| b.id))
-            .bind(paused);
-        decode(timed(OUTBOX_RETRIES, query.fetch_all(self.tx.conn())).await?)
+            .bind(paused)
+            .bind(cursor.at)
+            .bind(cursor.id);
+        let found = timed(OUTBOX_RETRIES, query.fetch_all(self.tx.conn())).await?;
+        let mut cut = Vec::new();
+        for row in &found {
+            if row
+                .try_get::<bool, _>("cut")
+                .map_err(|e| OUTBOX_EVENTS.error(e))?
+            {
+                cut.push(row.try_get(0).map_err(|e| OUTBOX_EVENTS.error(e))?);
+            }
+        }
+        Ok((decode(found)?, cut))
     }
 
-    /// Cuts each claimed subject at its first hole from the cursor `from` on
-    /// ([`GAPS`](sql::GAPS)): the rows after it stay locked and untouched until the
-    /// transaction ends, and count as skipped.
-    async fn cut_holes(&mut self, lane: Lane, from: Position) -> Result<()> {
+    /// The due heads to cut: [`GAPS`](sql::GAPS) over the claimed rows (the due heads, claimed
+    /// so far), from the cursor `from` on.
+    async fn holes(&mut self, lane: Lane, from: Position) -> Result<HashSet<Uuid>> {
         if self.rows.is_empty() {
-            return Ok(());
+            return Ok(HashSet::new());
         }
         let ids: Vec<Uuid> = self.rows.iter().map(|r| r.id).collect();
         let cut: Vec<Uuid> = timed(
@@ -203,10 +219,15 @@ impl<'r> Claim<'r> {
                 .fetch_all(self.tx.conn()),
         )
         .await?;
+        Ok(cut.into_iter().collect())
+    }
+
+    /// Cuts the rows of `cut` (each after a hole of its subject): they stay locked and
+    /// untouched until the transaction ends, and count as skipped.
+    fn cut(&mut self, cut: HashSet<Uuid>) {
         if cut.is_empty() {
-            return Ok(());
+            return;
         }
-        let cut: HashSet<Uuid> = cut.into_iter().collect();
         let mut kept = Vec::with_capacity(self.rows.len());
         let mut due = 0;
         for (i, row) in std::mem::take(&mut self.rows).into_iter().enumerate() {
@@ -231,7 +252,6 @@ impl<'r> Claim<'r> {
                 "outbox claim cut subjects at an older event it does not hold (another transaction's)"
             );
         }
-        Ok(())
     }
 
     /// Number of rows claimed (and not cut).
