@@ -58,7 +58,7 @@ impl fmt::Debug for Claim<'_> {
     }
 }
 
-/// What the batch learns first ([`SETTINGS`](sql::SETTINGS)).
+/// What the batch learns first ([`begin_settings`](sql::begin_settings)).
 struct Start {
     /// A parked subject's retry is due now.
     due: bool,
@@ -77,9 +77,9 @@ impl<'r> Claim<'r> {
     ) -> Result<Claim<'r>> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
-            let mut tx = Tx::begin(&relay.pool).await?;
+            let mut tx = Tx::acquire(&relay.pool).await?;
             let sample = relay.horizon.wants_sample(Instant::now(), SAMPLE_EVERY);
-            let start = settings(&mut tx, relay, sample).await?;
+            let start = begin_settings(&mut tx, relay, sample).await?;
             let safe = match start.sample {
                 Some(sample) => relay.horizon.observe(sample),
                 None => relay.horizon.safe(),
@@ -355,30 +355,37 @@ fn decode(rows: Vec<PgRow>) -> Result<Vec<Row>> {
         .map_err(|e| OUTBOX_EVENTS.error(e))
 }
 
-/// [`SETTINGS`](sql::SETTINGS): the batch's own settings, and what it needs to know first.
-async fn settings(tx: &mut Tx, relay: &Relay, sample: bool) -> Result<Start> {
-    let statement_ms = STATEMENT_TIMEOUT.as_millis().to_string();
-    let idle_ms = relay
-        .config
-        .idle_in_transaction_timeout()
-        .as_millis()
-        .to_string();
+/// [`begin_settings`](sql::begin_settings): the batch's transaction, its own settings, and
+/// what it needs to know first.
+async fn begin_settings(tx: &mut Tx, relay: &Relay, sample: bool) -> Result<Start> {
+    let statement = sql::begin_settings(
+        STATEMENT_TIMEOUT.as_millis(),
+        relay.config.idle_in_transaction_timeout().as_millis(),
+        sample,
+    );
+    // numbers and a boolean only, the relay's own
     let row: PgRow = timed(
         OUTBOX_RETRIES,
-        sqlx::query(sql::SETTINGS)
-            .bind(statement_ms)
-            .bind(idle_ms)
-            .bind(sample)
-            .fetch_one(tx.conn()),
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).fetch_one(tx.conn()),
     )
     .await?;
     let get = |e| OUTBOX_RETRIES.error(e);
+    let list = |text: Option<String>| -> Vec<String> {
+        text.unwrap_or_default()
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
     let sample = if sample {
-        let running: Vec<String> = row.try_get("running").map_err(get)?;
+        let micros: Option<i64> = row.try_get("sampled_at").map_err(get)?;
         Some(Sample {
-            at: row.try_get::<Option<Stamp>, _>("sampled_at").map_err(get)?,
-            running: running.iter().map(|r| super::horizon::running(r)).collect(),
-            prepared: row.try_get("prepared").map_err(get)?,
+            at: micros.map(Stamp),
+            running: list(row.try_get("running").map_err(get)?)
+                .iter()
+                .map(|r| super::horizon::running(r))
+                .collect(),
+            prepared: list(row.try_get("prepared").map_err(get)?),
         })
     } else {
         None

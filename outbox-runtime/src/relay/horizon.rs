@@ -33,7 +33,7 @@ pub(super) struct Sample {
     pub(super) prepared: Vec<String>,
 }
 
-/// A running transaction as [`SETTINGS`](super::sql::SETTINGS) reads it, `pid:vxid:xid` (the
+/// A running transaction as [`begin_settings`](super::sql::begin_settings) reads it, `pid:vxid:xid` (the
 /// last part empty without a transaction id): its key (`pid:vxid`) and its transaction id.
 pub(super) fn running(text: &str) -> (String, Option<String>) {
     match text.rsplit_once(':') {
@@ -113,7 +113,7 @@ impl Horizon {
 }
 
 /// The relay's [`Horizon`], shared by its lanes: one of them samples now and then
-/// ([`SETTINGS`](super::sql::SETTINGS)), all of them read it.
+/// ([`begin_settings`](super::sql::begin_settings)), all of them read it.
 #[derive(Debug, Default)]
 pub(super) struct SharedHorizon {
     inner: std::sync::Mutex<(Horizon, Option<tokio::time::Instant>)>,

@@ -57,13 +57,14 @@ pub use stats::{BatchReport, RelayHealth, RelayStats, STALLED_AFTER};
 use crate::error::Result;
 use crate::table::OUTBOX_RETRIES;
 
-/// The batch transaction's settings (`$1` statement and lock timeout, `$2` idle timeout, in
-/// milliseconds as text, `$3` whether to sample the running transactions) and the main claim
-/// (`$1` limit, `$2` partitions, `$3` lanes, `$4` lane, `$5`/`$6` the cursor, `$7`/`$8` the
-/// last position it may read or nulls, `$9` paused subjects), verbatim. Shown for the tests
-/// that check the claim's plan.
+/// The batch's first statements (`begin`, then its settings, with a statement and lock timeout
+/// and an idle timeout in milliseconds) and the main claim (`$1` limit, `$2` partitions, `$3`
+/// lanes, `$4` lane, `$5`/`$6` the cursor, `$7`/`$8` the last position it may read or nulls,
+/// `$9` paused subjects), verbatim. Shown for the tests that check the claim's plan.
 #[doc(hidden)]
-pub const BATCH_SETTINGS: &str = sql::SETTINGS;
+pub fn batch_settings(statement_ms: u128, idle_ms: u128) -> String {
+    sql::begin_settings(statement_ms, idle_ms, false)
+}
 #[doc(hidden)]
 pub const CLAIM_STATEMENT: &str = sql::CLAIM;
 

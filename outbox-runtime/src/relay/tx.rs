@@ -24,12 +24,12 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(12);
 pub(super) struct Tx(Option<PoolConnection<Postgres>>);
 
 impl Tx {
-    /// A connection from `pool`, in a new transaction.
-    pub(super) async fn begin(pool: &PgPool) -> Result<Tx> {
+    /// A connection from `pool`, whose transaction the first statement begins (the batch's
+    /// [`begin_settings`](super::sql::begin_settings)). Until it ends by [`Tx::commit`] or
+    /// [`Tx::rollback`], dropping it closes the connection.
+    pub(super) async fn acquire(pool: &PgPool) -> Result<Tx> {
         let conn = timed(OUTBOX_EVENTS, pool.acquire()).await?;
-        let mut tx = Tx(Some(conn));
-        tx.execute("begin").await?;
-        Ok(tx)
+        Ok(Tx(Some(conn)))
     }
 
     /// The connection, for a statement of the batch.

@@ -514,14 +514,13 @@ async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
         .execute(ctx.pool())
         .await
         .unwrap();
-    let mut tx = ctx.pool().begin().await.unwrap();
-    sqlx::query(outbox_runtime::relay::BATCH_SETTINGS)
-        .bind("5000")
-        .bind("10000")
-        .bind(false)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let mut tx = ctx.pool().acquire().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_runtime::relay::batch_settings(
+        5000, 10000,
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     // the relay prepares the claim, and its settings force the generic plan
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "prepare claim_plan as {}",
@@ -557,5 +556,5 @@ async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
              outbox_events_unpublished_partition_idx; its plan:\n{plan:#}"
         );
     }
-    tx.rollback().await.unwrap();
+    sqlx::query("rollback").execute(&mut *tx).await.unwrap();
 }
