@@ -808,19 +808,32 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_insert_may_wait_for_the_poll_and_a_past_written_by_hand_for_the_floors_look() {
+    fn a_plain_insert_may_wait_for_the_poll_and_a_past_written_by_hand_for_the_sweep() {
         let mut case = Case::new();
-        case.event(1, "s", 1.0, Some(14.0));
+        // B is 10 s; a plain insert gets the poll (1 s) more, a past written by hand the
+        // sweep (1 s with nothing held) on top
+        case.event(1, "s", 1.0, Some(11.5));
         assert_eq!(case.violated(), [Property::Delivered]);
         case.rec.events[0].insert = Insert::Raw(CreatedAt::Default);
-        assert!(case.check().is_empty(), "B + poll_interval");
-        case.fin.messages[0].stored_at = t(40.0);
+        assert!(case.check().is_empty(), "B + poll");
+        case.fin.messages[0].stored_at = t(12.5);
         assert_eq!(case.violated(), [Property::Delivered]);
         case.rec.events[0].insert = Insert::Raw(CreatedAt::Skewed(-20_000));
-        assert!(
-            case.check().is_empty(),
-            "B + poll_interval + 6 poll_intervals"
-        );
+        assert!(case.check().is_empty(), "B + poll + sweep");
+        case.fin.messages[0].stored_at = t(13.5);
+        assert_eq!(case.violated(), [Property::Delivered]);
+    }
+
+    #[test]
+    fn rows_held_before_the_cursor_stretch_the_sweep_by_a_second_per_window() {
+        let mut case = Case::new();
+        case.bounds = Bounds::new(Duration::from_secs(10), false, 5_000);
+        case.event(1, "s", 1.0, Some(18.5));
+        case.rec.events[0].insert = Insert::Raw(CreatedAt::Skewed(-20_000));
+        // 5,000 held rows are 10 windows of 500: B + poll + 1 s + 10 s
+        assert!(case.check().is_empty(), "{:?}", case.check());
+        case.fin.messages[0].stored_at = t(23.5);
+        assert_eq!(case.violated(), [Property::Delivered]);
     }
 
     #[test]
