@@ -81,6 +81,11 @@ impl Cursor {
         self.start
     }
 
+    /// Where the next claim reads from: the scan's position, or the cursor.
+    pub(super) fn reads_from(&self) -> Position {
+        self.scan().unwrap_or(self.start)
+    }
+
     /// Where the next claim reads from, when not from [`start`](Self::start).
     pub(super) fn scan(&self) -> Option<Position> {
         self.scan.filter(|s| *s > self.start)
@@ -112,7 +117,8 @@ impl Cursor {
         let full = window.full(limit);
         let candidate = match (window.first_claimable, window.last) {
             (Some(first), _) => first,
-            (None, Some(last)) if full => last,
+            // every row read is parked, the last one too: on past it
+            (None, Some(last)) if full => last.after(),
             // every row there is to read is parked
             _ => Position::at_start_of(Stamp::INFINITY),
         };
@@ -262,11 +268,7 @@ mod tests {
         let mut c = Cursor::new(Instant::now());
         let safe = Some(Stamp(1_000));
         let hi = c.advance(&window(LIMIT, None, Some(p(30, 3))), LIMIT, safe);
-        assert_eq!(
-            c.start(),
-            p(30, 3),
-            "to its last row (read again next time)"
-        );
+        assert_eq!(c.start(), p(30, 4), "past its last row");
         assert_eq!(hi, Some(p(30, 3)), "and the claim does not read past it");
         c.advance(&window(1, None, Some(p(40, 1))), LIMIT, safe);
         assert_eq!(

@@ -38,6 +38,10 @@ pub(super) enum BatchOutcome {
     /// It published and failed nothing, and some rows were not attempted: the broker could not
     /// take them (`connected` says whether the NATS connection is up: an election if it is).
     NotAttempted { connected: bool },
+    /// It published nothing, and the place the next claim reads from moved on past a full
+    /// window of rows it could not claim (a held subject's, or rows another transaction
+    /// locks): there may be claimable rows after them, so the next claim goes at once.
+    Moved,
     /// It claimed nothing it could publish.
     Empty,
     /// The batch itself failed (Postgres, or the start of the transaction).
@@ -84,6 +88,7 @@ impl LaneState {
                 self.empty = 0;
                 LaneStep::Again
             }
+            BatchOutcome::Moved => LaneStep::Again,
             BatchOutcome::Failed | BatchOutcome::Error => {
                 self.failures = self.failures.saturating_add(1);
                 LaneStep::Backoff(config.loop_backoff(self.failures))
@@ -136,6 +141,21 @@ mod tests {
     #[test]
     fn a_batch_that_published_claims_again_at_once() {
         assert_eq!(run(&[BatchOutcome::Published]), [LaneStep::Again]);
+    }
+
+    #[test]
+    fn a_batch_that_moved_past_rows_it_could_not_claim_reads_on_at_once() {
+        use BatchOutcome::*;
+        // a held subject's rows, window after window, then the claimable rows after them
+        assert_eq!(
+            run(&[Empty, Moved, Moved, Published]),
+            [
+                LaneStep::Wait { linger: ms(1) },
+                LaneStep::Again,
+                LaneStep::Again,
+                LaneStep::Again
+            ]
+        );
     }
 
     #[test]

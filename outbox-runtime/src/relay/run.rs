@@ -265,6 +265,7 @@ impl Relay {
         lane: Lane,
         cursor: &mut Cursor,
     ) -> Result<(BatchOutcome, Option<Duration>)> {
+        let reads_from = cursor.reads_from();
         let mut claim = super::Claim::begin(self, lane, cursor, None).await?;
         let effects = if claim.is_empty() {
             claim.release().await?
@@ -284,6 +285,8 @@ impl Relay {
         } else if r.not_attempted > 0 {
             let connected = self.jetstream.client().connection_state() == State::Connected;
             BatchOutcome::NotAttempted { connected }
+        } else if cursor.reads_from() > reads_from {
+            BatchOutcome::Moved
         } else {
             BatchOutcome::Empty
         };

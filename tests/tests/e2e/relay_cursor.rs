@@ -405,3 +405,87 @@ async fn a_row_set_unpublished_by_hand_behind_the_cursor_goes_out_within_the_swe
     running.await.unwrap();
     ctx.delete_stream().await;
 }
+
+/// A sweep that finds a row before the cursor sends the cursor back to the start of the table,
+/// behind a held subject's rows: the lane reads past them window after window at once, not one
+/// window per wake-up (with 40,000 rows held, that was 80 wake-ups: the fallback poll's 80 s
+/// when nothing else commits), so a healthy event committed then goes out at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sweep_finds_a_row_the_lane_reads_past_a_held_subjects_rows_at_once() {
+    const HELD: i64 = 40_000;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let nowhere = format!("{}.acme.order.created", unique_token()); // no stream captures it
+    let held = insert_ordered(ctx.pool(), &nowhere, "held-1", HELD).await;
+    let event_type = ctx.event_type("ledger.entry.posted");
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
+    let relay = relay(
+        &ctx,
+        RelayConfig {
+            lanes: 1,
+            ..RelayConfig::default()
+        },
+    )
+    .await;
+    let (stop, running) = run_relay(relay.clone());
+    eventually(
+        Duration::from_secs(60),
+        "the held subject's head held",
+        || async {
+            outbox_runtime::status::status(ctx.pool(), 20)
+                .await
+                .unwrap()
+                .held_total
+                == 1
+        },
+    )
+    .await;
+    let first = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "billing", "acct-1").numbered(1),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "a healthy event published",
+        || async { published(ctx.pool(), &[first]).await == 1 },
+    )
+    .await;
+    // a row written by hand in the past: the sweep finds it and the cursor starts over
+    let past: Uuid = sqlx::query_scalar(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+         values (gen_random_uuid(), $1, 'billing', 'acct-2', now(), '{}', '1999-12-31 23:59:59+00') \
+         returning id",
+    )
+    .bind(&event_type)
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap();
+    eventually(
+        Duration::from_secs(15),
+        "the row written in the past published",
+        || async { published(ctx.pool(), &[past]).await == 1 },
+    )
+    .await;
+    let next = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "billing", "acct-1").numbered(2),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(15),
+        "the next healthy event published past the held rows",
+        || async { published(ctx.pool(), &[next]).await == 1 },
+    )
+    .await;
+    assert_eq!(
+        published(ctx.pool(), &held).await,
+        0,
+        "the held subject's rows wait behind its head"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    ctx.delete_stream().await;
+}
