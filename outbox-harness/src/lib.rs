@@ -117,13 +117,14 @@ impl Write for RunLog {
     }
 }
 
-/// Sends the relay tasks' logs (info and up) to each run's `relays.log`; call once per
-/// process (a second call does nothing).
+/// Sends the relay tasks' logs (info and up, or what `OUTBOX_HARNESS_LOG` says, in
+/// `RUST_LOG`'s syntax) to each run's `relays.log`; call once per process (a second call does
+/// nothing).
 pub fn capture_relay_logs() {
+    let filter = std::env::var("OUTBOX_HARNESS_LOG")
+        .unwrap_or_else(|_| "outbox_runtime=info,sqlx=warn".to_owned());
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(
-            "outbox_runtime=info,sqlx=warn",
-        ))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_ansi(false)
         .with_writer(|| RunLog)
         .try_init();

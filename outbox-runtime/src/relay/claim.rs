@@ -100,8 +100,18 @@ impl<'r> Claim<'r> {
             if let Some(scan) = scanning {
                 let ahead = range(&mut tx, relay, lane, scan, None, limit).await?;
                 from = scan;
-                bound = cursor.scan_bound(&ahead, limit, safe);
+                bound = cursor.scan_bound(&ahead, limit);
             }
+            tracing::debug!(
+                lane = lane.index,
+                cursor = %cursor.start(),
+                scan = ?cursor.scan(),
+                horizon = ?safe,
+                window = window.rows,
+                first_claimable = ?window.first_claimable,
+                bound = ?bound,
+                "outbox claim reads"
+            );
             let mut claim = Claim {
                 relay,
                 tx,

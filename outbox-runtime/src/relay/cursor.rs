@@ -103,10 +103,10 @@ impl Cursor {
     /// Moves on after a read of up to `limit` rows from [`start`](Self::start): to its first
     /// claimable row (or past the rows it read, when none of them is), but never past the
     /// horizon `safe` (when there is none yet, the cursor stays). Returns the position the
-    /// claim must not pass: the window's last row, when the window was full and that row is
-    /// before the horizon (rows after the horizon are at most a few moments old, so a claim
-    /// that reads them all reads a bounded number; rows before it may be any number of a held
-    /// subject's, which the next batches pass a window at a time).
+    /// claim must not pass: the window's last row, when the window was full. Rows after it
+    /// may be any number of a held subject's (after the horizon too, while a long or prepared
+    /// transaction holds it back), which the next batches pass a window at a time, by the
+    /// cursor or, past the horizon, by the scan ([`scanned`](Self::scanned)).
     pub(super) fn advance(
         &mut self,
         window: &Window,
@@ -125,20 +125,15 @@ impl Cursor {
         if let Some(cap) = cap {
             self.start = self.start.max(candidate.min(cap));
         }
-        bound(window, limit, cap)
+        bound(window, limit)
     }
 
     /// The position a claim from a scan must not pass, after a read of its window ([`advance`]'s
     /// rule).
     ///
     /// [`advance`]: Self::advance
-    pub(super) fn scan_bound(
-        &self,
-        window: &Window,
-        limit: i64,
-        safe: Option<Stamp>,
-    ) -> Option<Position> {
-        bound(window, limit, safe.map(Position::at_start_of))
+    pub(super) fn scan_bound(&self, window: &Window, limit: i64) -> Option<Position> {
+        bound(window, limit)
     }
 
     /// Moves back to `to`, when it is before the cursor: a row there can be claimed.
@@ -199,10 +194,10 @@ impl Cursor {
     }
 }
 
-/// The last row of a full window, when it is before `cap`: a claim does not read past it.
-fn bound(window: &Window, limit: i64, cap: Option<Position>) -> Option<Position> {
+/// The last row of a full window: a claim does not read past it.
+fn bound(window: &Window, limit: i64) -> Option<Position> {
     match (window.full(limit), window.last) {
-        (true, Some(last)) if cap.is_none_or(|cap| last < cap) => Some(last),
+        (true, Some(last)) => Some(last),
         _ => None,
     }
 }
@@ -279,14 +274,25 @@ mod tests {
     }
 
     #[test]
-    fn a_full_window_reaching_past_the_horizon_does_not_bound_the_claim() {
+    fn a_full_window_bounds_the_claim_past_the_horizon_too() {
+        // a long transaction holds the horizon back, and a held subject's rows fill the
+        // window after it: the claim reads that window, and the scan the ones after it
         let mut c = Cursor::new(Instant::now());
+        let hi = c.advance(
+            &window(LIMIT, None, Some(p(500, 1))),
+            LIMIT,
+            Some(Stamp(100)),
+        );
+        assert_eq!(c.start(), Position::at_start_of(Stamp(100)), "capped");
+        assert_eq!(hi, Some(p(500, 1)));
+        c.scanned(hi, false);
+        assert_eq!(c.reads_from(), p(500, 2), "the next claim reads on");
         let hi = c.advance(
             &window(LIMIT, Some(p(5, 1)), Some(p(500, 1))),
             LIMIT,
             Some(Stamp(100)),
         );
-        assert_eq!(hi, None);
+        assert_eq!(hi, Some(p(500, 1)));
         let hi = c.advance(
             &window(LIMIT, Some(p(5, 1)), Some(p(50, 1))),
             LIMIT,

@@ -489,3 +489,74 @@ async fn after_a_sweep_finds_a_row_the_lane_reads_past_a_held_subjects_rows_at_o
     running.await.unwrap();
     ctx.delete_stream().await;
 }
+
+/// A transaction that runs for long holds the horizon, and so the cursor, back; a held
+/// subject's rows committed after it fill the window at the cursor. Rows committed after them
+/// are found by reading on, window after window, not when the long transaction ends (the
+/// claim used to stop at a window with nothing claimable in it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_subjects_rows_after_a_long_transactions_start_hold_nothing_else_up() {
+    const HELD: i64 = 5_000;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("ledger.entry.posted");
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
+    let relay = relay(
+        &ctx,
+        RelayConfig {
+            lanes: 1,
+            ..RelayConfig::default()
+        },
+    )
+    .await;
+    let (stop, running) = run_relay(relay.clone());
+    let first = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "billing", "acct-1").numbered(1),
+    )
+    .await;
+    eventually(Duration::from_secs(30), "the relay publishes", || async {
+        published(ctx.pool(), &[first]).await == 1
+    })
+    .await;
+    // begun after the relay's first look at the running transactions, so its start is known
+    // and the horizon stays just before it
+    let mut long = ctx.pool().begin().await.unwrap();
+    sqlx::query("select txid_current()")
+        .execute(&mut *long)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let nowhere = format!("{}.acme.order.created", unique_token()); // no stream captures it
+    let held = insert_ordered(ctx.pool(), &nowhere, "held-1", HELD).await;
+    eventually(
+        Duration::from_secs(30),
+        "the held subject's head held",
+        || async {
+            outbox_runtime::status::status(ctx.pool(), 20)
+                .await
+                .unwrap()
+                .held_total
+                == 1
+        },
+    )
+    .await;
+    let next = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "billing", "acct-1").numbered(2),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the next healthy event published while the long transaction runs",
+        || async { published(ctx.pool(), &[next]).await == 1 },
+    )
+    .await;
+    assert_eq!(published(ctx.pool(), &held).await, 0);
+    long.rollback().await.unwrap();
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    ctx.delete_stream().await;
+}
