@@ -584,9 +584,12 @@ impl<'a> Checker<'a> {
             .iter()
             .filter_map(|e| e.id.map(|id| (id, e)))
             .collect();
+        // a poison row's attempts are its hold's (a type no stream captures, a message the
+        // stream refuses: the broker's refusal counts), spent before its repair; P5 judges it
+        let poison: HashSet<Uuid> = self.rec.poisons.iter().map(|p| p.head).collect();
         let mut out = Vec::new();
         for (id, row) in &self.fin.rows {
-            if row.attempts == 0 || row.subject == HELD_MANY_SUBJECT {
+            if row.attempts == 0 || row.subject == HELD_MANY_SUBJECT || poison.contains(id) {
                 continue;
             }
             let Some(e) = by_id.get(id) else { continue };
@@ -939,6 +942,28 @@ mod tests {
         assert_eq!(case.violated(), [Property::RelaysAlive]);
         case.rec.relays[0].ended = Some((t(50.0), RelayEnd::StopLate("40 s".into())));
         assert_eq!(case.violated(), [Property::RelaysAlive]);
+    }
+
+    #[test]
+    fn a_repaired_poison_rows_attempt_is_its_holds() {
+        let mut case = Case::new();
+        case.event(1, "p0", 1.0, Some(3.0));
+        case.fin.rows.get_mut(&id(1)).unwrap().attempts = 1;
+        assert!(case.violated().contains(&Property::Attempts));
+        case.rec.poisons.push(PoisonRecord {
+            id: 0,
+            kind: PoisonKind::Uncaptured,
+            subject: "p0".into(),
+            head: id(1),
+            repaired: Some(t(2.0)),
+            unblocked: Vec::new(),
+            rows_behind: 0,
+        });
+        assert!(
+            !case.violated().contains(&Property::Attempts),
+            "{:?}",
+            case.check()
+        );
     }
 
     #[test]
