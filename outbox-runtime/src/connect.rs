@@ -17,6 +17,10 @@ use sqlx::{ConnectOptions, PgPool};
 use crate::error::{Error, Result};
 use crate::redact;
 
+/// The `application_name` of the sessions [`postgres`] opens, unless the URL names one: a DBA
+/// finds the relay's and the CLI's sessions in `pg_stat_activity` by it.
+pub const APPLICATION_NAME: &str = "outbox";
+
 /// Connects `options` (a pool's settings) to `database_url`, and on failure says why, without
 /// the URL's secrets: [`Error::Unreachable`] (nothing answers), [`Error::Tls`] (the handshake
 /// or the certificate check failed, or this build has no TLS), [`Error::Authentication`] (the
@@ -25,6 +29,9 @@ use crate::redact;
 ///
 /// A refused connection makes sqlx's pool retry until its acquire timeout and then report only
 /// the timeout; one direct attempt then gives the reason.
+///
+/// The sessions show as `application_name` [`APPLICATION_NAME`] in `pg_stat_activity`, unless
+/// the URL names another (`?application_name=billing-relay`).
 ///
 /// ```no_run
 /// # async fn run() -> outbox_runtime::Result<()> {
@@ -35,13 +42,16 @@ use crate::redact;
 /// # Ok(()) }
 /// ```
 pub async fn postgres(database_url: &str, options: PgPoolOptions) -> Result<PgPool> {
-    let connect: PgConnectOptions = database_url.parse().map_err(|e: sqlx::Error| {
+    let mut connect: PgConnectOptions = database_url.parse().map_err(|e: sqlx::Error| {
         Error::Config(format!(
             "the database URL `{}` is not a Postgres URL: {}",
             redact::url(database_url),
             redact::password_in(&e.to_string(), database_url)
         ))
     })?;
+    if connect.get_application_name().is_none() {
+        connect = connect.application_name(APPLICATION_NAME);
+    }
     match options.connect_with(connect.clone()).await {
         Ok(pool) => Ok(pool),
         Err(sqlx::Error::PoolTimedOut) => {

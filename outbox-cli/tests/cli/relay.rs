@@ -403,12 +403,16 @@ async fn notify_lock_holders(db: &TestDb) -> i64 {
     .expect("read pg_locks")
 }
 
-/// The backends connected to the test's database, ours included.
+/// The relay's backends on the test's database (the CLI names its sessions `outbox`; the
+/// test's own pool, which may open connections meanwhile, does not).
 async fn backends(db: &TestDb) -> i64 {
-    sqlx::query_scalar("select count(*) from pg_stat_activity where datname = current_database()")
-        .fetch_one(&db.pool)
-        .await
-        .expect("read pg_stat_activity")
+    sqlx::query_scalar(
+        "select count(*) from pg_stat_activity \
+          where datname = current_database() and application_name = 'outbox'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("read pg_stat_activity")
 }
 
 /// An idle relay frozen without a reset (SIGSTOP, as a paused VM): the server ends its
