@@ -264,6 +264,12 @@ impl<'r> Claim<'r> {
         }
     }
 
+    /// Whether the claim took nothing from a full window: the rows after that window are
+    /// still to be read.
+    pub(super) fn reads_on(&self) -> bool {
+        self.rows.is_empty() && self.bound.is_some()
+    }
+
     /// Number of rows claimed (and not cut).
     pub fn len(&self) -> usize {
         self.rows.len()

@@ -383,7 +383,17 @@ impl Relay {
     /// ```
     pub async fn claim(&self) -> Result<Claim<'_>> {
         let mut cursor = self.cursor.lock().await;
-        Claim::begin(self, lanes::Lane::ALL, &mut cursor, Some(&self.cursor)).await
+        loop {
+            let claim =
+                Claim::begin(self, lanes::Lane::ALL, &mut cursor, Some(&self.cursor)).await?;
+            if !claim.reads_on() {
+                return Ok(claim);
+            }
+            // a full window of rows it could not claim (a held subject's): the rows after it
+            // may be claimable, and the next claim reads them (as a lane's next batch would)
+            let effects = claim.release().await?;
+            effects.apply(&mut cursor, tokio::time::Instant::now());
+        }
     }
 
     /// One batch: claim, publish, mark, commit. Like [`claim`](Self::claim), it claims from

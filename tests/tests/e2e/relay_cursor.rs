@@ -562,3 +562,44 @@ async fn a_held_subjects_rows_after_a_long_transactions_start_hold_nothing_else_
     running.await.unwrap();
     ctx.delete_stream().await;
 }
+
+/// `Relay::run_once` behind a held subject's rows: one call reads past the windows of rows it
+/// cannot claim and publishes what follows them, so that a caller's
+/// `while relay.run_once().await?.claimed > 0 {}` does not stop at the first such window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_once_reads_past_a_held_subjects_rows_in_one_call() {
+    const HELD: i64 = 2_000;
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("ledger.entry.posted");
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
+    let held = insert_ordered(ctx.pool(), &event_type, "held-1", HELD).await;
+    sqlx::query(
+        "insert into outbox_retries (subject, event_id, retry_at, reason) \
+         values ('held-1', $1, null, 'held by the test')",
+    )
+    .bind(held[0])
+    .execute(ctx.pool())
+    .await
+    .unwrap();
+    let mut healthy = Vec::new();
+    for n in 0..10 {
+        healthy.push(
+            emit_committed(
+                ctx.pool(),
+                &schemas,
+                raw_event(&event_type, "billing", format!("acct-{n}")).numbered(n),
+            )
+            .await,
+        );
+    }
+    let relay = relay(&ctx, RelayConfig::default()).await;
+    let report = relay.run_once().await.expect("one batch");
+    assert_eq!(
+        report.published, 10,
+        "one call publishes the events after the held rows: {report:?}"
+    );
+    assert_eq!(published(ctx.pool(), &healthy).await, 10);
+    assert_eq!(published(ctx.pool(), &held).await, 0);
+    ctx.delete_stream().await;
+}
