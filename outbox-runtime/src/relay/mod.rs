@@ -371,7 +371,8 @@ impl Relay {
     /// Claims a batch: the first step of [`run_once`](Self::run_once), for callers that drive
     /// the steps themselves. It claims from every partition, whatever
     /// [`RelayConfig::lanes`] says, and whether or not this relay holds the lease (order does not
-    /// rest on it: docs/relay.md, *Order*).
+    /// rest on it: docs/relay.md, *Order*). It reads on past rows it cannot claim (a held
+    /// subject's, however many): an empty claim means nothing can be claimed now.
     ///
     /// ```no_run
     /// # async fn run(relay: outbox_runtime::Relay) -> outbox_runtime::Result<()> {
