@@ -12,8 +12,8 @@
 //!   connection, as separate processes) drain a backlog of the same size.
 //!
 //! The relays run before their backlog is written, as a service's relays do when a backlog
-//! builds (a broker outage): started on the empty table and settled (joined, the partitions
-//! shared out, each lane asleep), then the backlog is written and a notification wakes them;
+//! builds (a broker outage): started on the empty table and settled (one holding the lease,
+//! the others standing by, each lane asleep), then the backlog is written and a notification wakes them;
 //! the clock starts at the notification. `--cold` starts them on the written backlog instead,
 //! their joining, connecting and first planning inside the timing (a deploy that finds a
 //! backlog).
@@ -252,8 +252,8 @@ async fn raw_publish(js: &jetstream::Context, messages: &[Message]) -> Duration 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {
     /// Running already, as a service's relays are when a backlog builds (a broker outage):
-    /// started on the empty table, settled (joined, the partitions shared out, each lane's
-    /// first claim made), then the backlog is written and they are woken. The default.
+    /// started on the empty table, settled (one holding the lease, the others standing by,
+    /// each lane's first claim made), then the backlog is written and they are woken. The default.
     Warm,
     /// Started on the backlog (`--cold`): their joining, their connections and their first
     /// statements' planning are inside the timing, as after a deploy that finds a backlog.
@@ -317,7 +317,7 @@ pub async fn drain(
         .collect();
     let published = |rs: &[Arc<Relay>]| rs.iter().map(|r| r.stats().published).sum::<u64>();
     if let Some(fill) = fill {
-        settle(db, relays).await;
+        settle(&started_relays).await;
         fill.await;
         cpu = common::CpuTicks::now();
         processes = common::ProcessTicks::now();
@@ -359,21 +359,20 @@ pub async fn drain(
     events as f64 / took.as_secs_f64()
 }
 
-/// Until `relays` relays are listed in `outbox_relays`, then two heartbeats more: each has
-/// heard of the others and taken its share, and each lane, finding the table empty, sleeps.
-async fn settle(db: &TestDb, relays: usize) {
+/// Until every relay runs and one of them holds the lease (the others stand by), then two
+/// seconds more: each lane of the holder, finding the table empty, waits for commits.
+async fn settle(relays: &[Arc<Relay>]) {
     let since = Instant::now();
     loop {
-        let listed: i64 = sqlx::query_scalar("select count(*) from outbox_relays")
-            .fetch_one(&db.pool)
-            .await
-            .expect("count the relays");
-        if listed == relays as i64 {
+        let running = relays.iter().filter(|r| r.health().running).count();
+        let holders = relays.iter().filter(|r| r.health().holds_lease).count();
+        if running == relays.len() && holders == 1 {
             break;
         }
         assert!(
             since.elapsed() < Duration::from_secs(30),
-            "{listed} of {relays} relays joined within 30 s"
+            "{running} of {} relays running and {holders} holding the lease after 30 s",
+            relays.len()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
