@@ -74,6 +74,19 @@ impl ConcurrentIndex {
         )
     }
 
+    /// The index's name as the catalog has it (quoted and qualified by `regclass`), and
+    /// whether it is valid; `None` when it does not exist.
+    async fn found(&self, conn: &mut PgConnection) -> Result<Option<(String, bool)>> {
+        Ok(sqlx::query_as(
+            "select c.oid::regclass::text, i.indisvalid \
+               from pg_index i join pg_class c on c.oid = i.indexrelid \
+              where i.indrelid = to_regclass('outbox_events') and c.relname = $1",
+        )
+        .bind(self.name)
+        .fetch_optional(&mut *conn)
+        .await?)
+    }
+
     /// Checks the index after the migrations before its own ran: records its migration when the
     /// index exists (valid, or being built), builds it when the table is empty, and otherwise
     /// returns the statements that build it without holding writes.
@@ -88,16 +101,7 @@ impl ConcurrentIndex {
                 ))
             })?;
         let table = migrator.table_name.as_ref();
-        // the name as the catalog has it, quoted and qualified by `regclass`
-        let found: Option<(String, bool)> = sqlx::query_as(
-            "select c.oid::regclass::text, i.indisvalid \
-               from pg_index i join pg_class c on c.oid = i.indexrelid \
-              where i.indrelid = to_regclass('outbox_events') and c.relname = $1",
-        )
-        .bind(self.name)
-        .fetch_optional(&mut *conn)
-        .await?;
-        match found {
+        match self.found(conn).await? {
             Some((_, true)) => record(conn, table, migration).await,
             Some((qualified, false)) => {
                 let builders = builders(conn).await?;
@@ -111,6 +115,10 @@ impl ConcurrentIndex {
                          next migrate says how to build it",
                         self.name
                     );
+                    return record(conn, table, migration).await;
+                }
+                // a build that ended between the two reads left it valid
+                if matches!(self.found(conn).await?, Some((_, true))) {
                     return record(conn, table, migration).await;
                 }
                 // abandoned: its build failed, and no session builds it
