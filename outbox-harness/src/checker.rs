@@ -686,6 +686,19 @@ mod tests {
         bounds: Bounds,
     }
 
+    /// Poison row 0 of `kind` on subject `p0`, its head `head`.
+    fn poison_p0(kind: PoisonKind, head: Uuid, repaired: Option<Time>) -> PoisonRecord {
+        PoisonRecord {
+            id: 0,
+            kind,
+            subject: "p0".into(),
+            head,
+            repaired,
+            unblocked: Vec::new(),
+            rows_behind: 0,
+        }
+    }
+
     impl Case {
         fn new() -> Case {
             let mut rec = Recorded::default();
@@ -893,15 +906,9 @@ mod tests {
     fn held_wants_each_poison_row_held_with_a_reason_and_nothing_else() {
         let mut case = Case::new();
         let head = id(9);
-        case.rec.poisons.push(PoisonRecord {
-            id: 0,
-            kind: PoisonKind::Uncaptured,
-            subject: "p0".into(),
-            head,
-            repaired: None,
-            unblocked: Vec::new(),
-            rows_behind: 0,
-        });
+        case.rec
+            .poisons
+            .push(poison_p0(PoisonKind::Uncaptured, head, None));
         case.fin.rows.insert(
             head,
             Row {
@@ -954,15 +961,9 @@ mod tests {
         case.event(1, "p0", 1.0, Some(40.0));
         assert!(case.violated().contains(&Property::Delivered));
         case.rec.events[0].role = Role::Poison(0);
-        case.rec.poisons.push(PoisonRecord {
-            id: 0,
-            kind: PoisonKind::CreatedAtBc,
-            subject: "p0".into(),
-            head: id(1),
-            repaired: None,
-            unblocked: Vec::new(),
-            rows_behind: 0,
-        });
+        case.rec
+            .poisons
+            .push(poison_p0(PoisonKind::CreatedAtBc, id(1), None));
         // B + 1 s + 40 windows of 500 held rows before the cursor
         assert!(
             !case.violated().contains(&Property::Delivered),
@@ -977,15 +978,9 @@ mod tests {
         case.event(1, "p0", 1.0, Some(3.0));
         case.fin.rows.get_mut(&id(1)).unwrap().attempts = 1;
         assert!(case.violated().contains(&Property::Attempts));
-        case.rec.poisons.push(PoisonRecord {
-            id: 0,
-            kind: PoisonKind::Uncaptured,
-            subject: "p0".into(),
-            head: id(1),
-            repaired: Some(t(2.0)),
-            unblocked: Vec::new(),
-            rows_behind: 0,
-        });
+        case.rec
+            .poisons
+            .push(poison_p0(PoisonKind::Uncaptured, id(1), Some(t(2.0))));
         assert!(
             !case.violated().contains(&Property::Attempts),
             "{:?}",

@@ -56,6 +56,30 @@ async fn relay_on(ctx: &Ctx, pool: PgPool, config: RelayConfig) -> Arc<Relay> {
     )
 }
 
+/// A relay with one lane on the test's database and stream.
+async fn one_lane(ctx: &Ctx) -> Arc<Relay> {
+    relay(
+        ctx,
+        RelayConfig {
+            lanes: 1,
+            ..RelayConfig::default()
+        },
+    )
+    .await
+}
+
+/// Waits, up to `within`, until `heads` rows are held (`outbox status`).
+async fn held_heads(ctx: &Ctx, heads: i64, within: Duration) {
+    eventually(within, "the held subjects' heads held", || async {
+        outbox_runtime::status::status(ctx.pool(), 20)
+            .await
+            .unwrap()
+            .held_total
+            == heads
+    })
+    .await;
+}
+
 /// `(idx_scan, idx_tup_read)` of the unpublished index the relay's statements read (migration
 /// 0010's): how many range scans they made of it, and how many entries they read.
 async fn unpublished_index_reads(pool: &PgPool) -> (i64, i64) {
@@ -90,18 +114,7 @@ async fn fifty_thousand_held_subjects_cost_a_steady_stream_nothing() {
     .unwrap();
     let relay = relay(&ctx, RelayConfig::default()).await;
     let (stop, running) = run_relay(relay.clone());
-    eventually(
-        Duration::from_secs(120),
-        "every failing subject held",
-        || async {
-            outbox_runtime::status::status(ctx.pool(), 20)
-                .await
-                .unwrap()
-                .held_total
-                == FAILING
-        },
-    )
-    .await;
+    held_heads(&ctx, FAILING, Duration::from_secs(120)).await;
     tokio::time::sleep(STATS_FLUSH).await;
     let before = unpublished_index_reads(ctx.pool()).await;
 
@@ -376,14 +389,7 @@ async fn a_row_set_unpublished_by_hand_behind_the_cursor_goes_out_within_the_swe
     ctx.ensure_stream().await;
     let event_type = ctx.event_type("ledger.entry.posted");
     let backlog = insert_ordered(ctx.pool(), &event_type, "acct-1", 2_000).await;
-    let relay = relay(
-        &ctx,
-        RelayConfig {
-            lanes: 1,
-            ..RelayConfig::default()
-        },
-    )
-    .await;
+    let relay = one_lane(&ctx).await;
     let (stop, running) = run_relay(relay.clone());
     eventually(Duration::from_secs(30), "the backlog published", || async {
         published(ctx.pool(), &backlog).await == backlog.len() as i64
@@ -419,27 +425,9 @@ async fn after_a_sweep_finds_a_row_the_lane_reads_past_a_held_subjects_rows_at_o
     let held = insert_ordered(ctx.pool(), &nowhere, "held-1", HELD).await;
     let event_type = ctx.event_type("ledger.entry.posted");
     let schemas = open_schemas(std::slice::from_ref(&event_type));
-    let relay = relay(
-        &ctx,
-        RelayConfig {
-            lanes: 1,
-            ..RelayConfig::default()
-        },
-    )
-    .await;
+    let relay = one_lane(&ctx).await;
     let (stop, running) = run_relay(relay.clone());
-    eventually(
-        Duration::from_secs(60),
-        "the held subject's head held",
-        || async {
-            outbox_runtime::status::status(ctx.pool(), 20)
-                .await
-                .unwrap()
-                .held_total
-                == 1
-        },
-    )
-    .await;
+    held_heads(&ctx, 1, Duration::from_secs(60)).await;
     let first = emit_committed(
         ctx.pool(),
         &schemas,
@@ -503,14 +491,7 @@ async fn a_held_subjects_rows_after_a_long_transactions_start_hold_nothing_else_
     ctx.ensure_stream().await;
     let event_type = ctx.event_type("ledger.entry.posted");
     let schemas = open_schemas(std::slice::from_ref(&event_type));
-    let relay = relay(
-        &ctx,
-        RelayConfig {
-            lanes: 1,
-            ..RelayConfig::default()
-        },
-    )
-    .await;
+    let relay = one_lane(&ctx).await;
     let (stop, running) = run_relay(relay.clone());
     let first = emit_committed(
         ctx.pool(),
@@ -532,18 +513,7 @@ async fn a_held_subjects_rows_after_a_long_transactions_start_hold_nothing_else_
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let nowhere = format!("{}.acme.order.created", unique_token()); // no stream captures it
     let held = insert_ordered(ctx.pool(), &nowhere, "held-1", HELD).await;
-    eventually(
-        Duration::from_secs(30),
-        "the held subject's head held",
-        || async {
-            outbox_runtime::status::status(ctx.pool(), 20)
-                .await
-                .unwrap()
-                .held_total
-                == 1
-        },
-    )
-    .await;
+    held_heads(&ctx, 1, Duration::from_secs(30)).await;
     let next = emit_committed(
         ctx.pool(),
         &schemas,
