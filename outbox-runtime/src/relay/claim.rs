@@ -100,7 +100,7 @@ impl<'r> Claim<'r> {
             if let Some(scan) = scanning {
                 let ahead = range(&mut tx, relay, lane, scan, None, limit).await?;
                 from = scan;
-                bound = cursor.scan_bound(&ahead, limit);
+                bound = super::cursor::bound(&ahead, limit);
             }
             tracing::debug!(
                 lane = lane.index,

@@ -81,11 +81,6 @@ impl Cursor {
         self.start
     }
 
-    /// Where the next claim reads from: the scan's position, or the cursor.
-    pub(super) fn reads_from(&self) -> Position {
-        self.scan().unwrap_or(self.start)
-    }
-
     /// Where the next claim reads from, when not from [`start`](Self::start).
     pub(super) fn scan(&self) -> Option<Position> {
         self.scan.filter(|s| *s > self.start)
@@ -125,14 +120,6 @@ impl Cursor {
         if let Some(cap) = cap {
             self.start = self.start.max(candidate.min(cap));
         }
-        bound(window, limit)
-    }
-
-    /// The position a claim from a scan must not pass, after a read of its window ([`advance`]'s
-    /// rule).
-    ///
-    /// [`advance`]: Self::advance
-    pub(super) fn scan_bound(&self, window: &Window, limit: i64) -> Option<Position> {
         bound(window, limit)
     }
 
@@ -194,8 +181,8 @@ impl Cursor {
     }
 }
 
-/// The last row of a full window: a claim does not read past it.
-fn bound(window: &Window, limit: i64) -> Option<Position> {
+/// The last row of a full window: a claim (from the cursor or a scan) does not read past it.
+pub(super) fn bound(window: &Window, limit: i64) -> Option<Position> {
     match (window.full(limit), window.last) {
         (true, Some(last)) => Some(last),
         _ => None,
@@ -286,7 +273,7 @@ mod tests {
         assert_eq!(c.start(), Position::at_start_of(Stamp(100)), "capped");
         assert_eq!(hi, Some(p(500, 1)));
         c.scanned(hi, false);
-        assert_eq!(c.reads_from(), p(500, 2), "the next claim reads on");
+        assert_eq!(c.scan(), Some(p(500, 2)), "the next claim reads on");
         let hi = c.advance(
             &window(LIMIT, Some(p(5, 1)), Some(p(500, 1))),
             LIMIT,

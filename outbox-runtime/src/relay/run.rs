@@ -265,8 +265,9 @@ impl Relay {
         lane: Lane,
         cursor: &mut Cursor,
     ) -> Result<(BatchOutcome, Option<Duration>)> {
-        let reads_from = cursor.reads_from();
         let mut claim = super::Claim::begin(self, lane, cursor, None).await?;
+        // what `Relay::claim` reads on after, the lane's next batch reads at once
+        let reads_on = claim.reads_on();
         let effects = if claim.is_empty() {
             claim.release().await?
         } else {
@@ -285,7 +286,7 @@ impl Relay {
         } else if r.not_attempted > 0 {
             let connected = self.jetstream.client().connection_state() == State::Connected;
             BatchOutcome::NotAttempted { connected }
-        } else if cursor.reads_from() > reads_from {
+        } else if reads_on {
             BatchOutcome::Moved
         } else {
             BatchOutcome::Empty
