@@ -73,10 +73,15 @@ pub use outbox_macros::OutboxEvent;
 ///   the relays running on the table publishes (docs/relay.md, *Several relays*), drops
 ///   0008's table, and gives `outbox_retries` the nullable `cause` of each hold (the relay
 ///   releases by itself the holds a stream caused: docs/relay.md, *Held rows*).
+/// - `0012_outbox_unpublished_subject_idx.sql`: the unpublished rows by `(subject, created_at,
+///   id)`, so that before a batch publishes a subject's rows it finds the subject's oldest
+///   unpublished row in one probe, wherever it lies (docs/relay.md, *Order*). Built like 0009
+///   (the file gives the `concurrently` statement). A relay on a table without it stays
+///   correct, and reads the lane's unpublished rows once per claimed subject instead.
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting). Run as they are (by
-/// this migrator or a copy), 0009 and 0010 build their indexes in the migration's transaction,
+/// this migrator or a copy), 0009, 0010 and 0012 build their indexes in the migration's transaction,
 /// holding writes: on a table with rows, build them `concurrently` first, or use [`migrate`].
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -89,7 +94,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// (`set_ignore_missing(true)`); `sqlx migrate add` names files by timestamp, so the versions do
 /// not collide. If the service numbers its migrations 1, 2, 3, … they do collide and this
 /// returns [`Error::MigrationConflict`]: copy the outbox's files into the service's folder
-/// instead (and build 0009's and 0010's indexes yourself, as below).
+/// instead (and build the indexes of 0009, 0010 and 0012 yourself, as below).
 ///
 /// - **One lock for the whole run**: sqlx's migration lock of the database (so the service's
 ///   migrations and these never run at once), taken by trying every 100 ms rather than by a
@@ -100,7 +105,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 ///   that queues behind it, so each gives up after 2 s, with [`Error::MigrationBlocked`] and
 ///   nothing of its migration applied: run it again once the long transaction (or index
 ///   build) that held the table is over.
-/// - **No index build on a table with rows**: the indexes of 0009 and 0010 are checked here, not
+/// - **No index build on a table with rows**: the indexes of 0009, 0010 and 0012 are checked here, not
 ///   by their migrations' statements, which would hold writes for the whole build (minutes on
 ///   tens of millions of rows). Present, valid or being built, the migration is recorded; missing
 ///   on an empty table, it is built at once; missing on a table with rows, or left invalid by a

@@ -1,7 +1,7 @@
 //! Applying the outbox migrations without holding writes to `outbox_events` (see
 //! [`migrate`](crate::migrate())): one lock for the whole run, taken by polling; statements that
 //! give up on a lock after [`LOCK_WAIT`]; and the indexes that a large table needs built
-//! `concurrently` (0009, 0010) settled here instead of by their migrations' statements.
+//! `concurrently` (0009, 0010, 0012) settled here instead of by their migrations' statements.
 //!
 //! Why not build those indexes concurrently here: a concurrent build waits for every
 //! transaction older than its phases, so it deadlocks with anything that waits for the
@@ -41,9 +41,9 @@ struct ConcurrentIndex {
 }
 
 /// The indexes whose migrations say to build them `concurrently` beforehand on a large table:
-/// retention's (0009) and the lanes' (0010). Their migrations' statements hold writes while they
-/// read the table, so `migrate` never runs them on a table with rows.
-const BUILT_CONCURRENTLY: [ConcurrentIndex; 2] = [
+/// retention's (0009), the lanes' (0010) and the subjects' (0012). Their migrations' statements
+/// hold writes while they read the table, so `migrate` never runs them on a table with rows.
+const BUILT_CONCURRENTLY: [ConcurrentIndex; 3] = [
     ConcurrentIndex {
         version: 9,
         name: "outbox_events_published_idx",
@@ -54,6 +54,11 @@ const BUILT_CONCURRENTLY: [ConcurrentIndex; 2] = [
         name: "outbox_events_unpublished_partition_idx",
         definition: "on outbox_events (created_at, id, ((hashtext(subject) & 2147483647) % 1024)) \
                      where published_at is null",
+    },
+    ConcurrentIndex {
+        version: 12,
+        name: "outbox_events_unpublished_subject_idx",
+        definition: "on outbox_events (subject, created_at, id) where published_at is null",
     },
 ];
 

@@ -124,11 +124,9 @@ impl<'r> Claim<'r> {
                 bound,
             };
             let size = relay.config.batch_size;
-            let mut cut = HashSet::new();
             if start.due {
                 claim.rows = claim.fetch_due(lane, size).await?;
                 claim.due = claim.rows.len();
-                cut = claim.holes(lane, cursor.start()).await?;
             }
             // a window with nothing claimable, read from the cursor, leaves the claim nothing
             // to find but rows committed since, which the next batch finds (or their
@@ -136,13 +134,12 @@ impl<'r> Claim<'r> {
             let nothing = window.first_claimable.is_none() && scanning.is_none();
             if claim.due < size && !nothing {
                 let paused = relay.paused(Instant::now());
-                let (mut rows, main_cut) = claim
-                    .fetch(lane, size - claim.due, from, bound, cursor.start(), &paused)
+                let (mut rows, cut) = claim
+                    .fetch(lane, size - claim.due, from, bound, &paused)
                     .await?;
-                cut.extend(main_cut);
                 claim.rows.append(&mut rows);
+                claim.cut(cut);
             }
-            claim.cut(cut);
             relay.counters.claimed();
             claim.report.claimed = claim.rows.len() + claim.report.skipped;
             tracing::Span::current().record("claimed", claim.report.claimed);
@@ -170,16 +167,15 @@ impl<'r> Claim<'r> {
 
     /// [`CLAIM_CUT`](sql::CLAIM_CUT) from `from`, up to and including `bound` if any, up to
     /// `limit` rows, leaving the `paused` subjects out; with the ids of the rows after a hole of
-    /// their subject from `cursor` on.
+    /// their subject.
     async fn fetch(
         &mut self,
         lane: Lane,
         limit: usize,
         from: Position,
         bound: Option<Position>,
-        cursor: Position,
         paused: &[String],
-    ) -> Result<(Vec<Row>, Vec<Uuid>)> {
+    ) -> Result<(Vec<Row>, HashSet<Uuid>)> {
         let statement = if self.relay.trace_columns {
             sql::CLAIM_CUT_TRACED
         } else {
@@ -194,67 +190,34 @@ impl<'r> Claim<'r> {
             .bind(from.id)
             .bind(bound.map(|b| b.at))
             .bind(bound.map(|b| b.id))
-            .bind(paused)
-            .bind(cursor.at)
-            .bind(cursor.id);
+            .bind(paused);
         let found = timed(OUTBOX_RETRIES, query.fetch_all(self.tx.conn())).await?;
-        let mut cut = Vec::new();
+        let mut cut = HashSet::new();
         for row in &found {
             if row
                 .try_get::<bool, _>("cut")
                 .map_err(|e| OUTBOX_EVENTS.error(e))?
             {
-                cut.push(row.try_get(0).map_err(|e| OUTBOX_EVENTS.error(e))?);
+                cut.insert(row.try_get(0).map_err(|e| OUTBOX_EVENTS.error(e))?);
             }
         }
         Ok((decode(found)?, cut))
     }
 
-    /// The due heads to cut: [`GAPS`](sql::GAPS) over the claimed rows (the due heads, claimed
-    /// so far), from the cursor `from` on.
-    async fn holes(&mut self, lane: Lane, from: Position) -> Result<HashSet<Uuid>> {
-        if self.rows.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let ids: Vec<Uuid> = self.rows.iter().map(|r| r.id).collect();
-        let cut: Vec<Uuid> = timed(
-            OUTBOX_EVENTS,
-            sqlx::query_scalar(sql::GAPS)
-                .bind(&ids)
-                .bind(from.at)
-                .bind(from.id)
-                .bind(self.relay.config.partitions)
-                .bind(lane.count)
-                .bind(lane.index)
-                .fetch_all(self.tx.conn()),
-        )
-        .await?;
-        Ok(cut.into_iter().collect())
-    }
-
-    /// Cuts the rows of `cut` (each after a hole of its subject): they stay locked and
-    /// untouched until the transaction ends, and count as skipped.
+    /// Cuts the rows of `cut` (each after a hole of its subject; never a due head, whose
+    /// subject the claim leaves out): they stay locked and untouched until the transaction
+    /// ends, and count as skipped.
     fn cut(&mut self, cut: HashSet<Uuid>) {
         if cut.is_empty() {
             return;
         }
-        let mut kept = Vec::with_capacity(self.rows.len());
-        let mut due = 0;
-        for (i, row) in std::mem::take(&mut self.rows).into_iter().enumerate() {
-            if cut.contains(&row.id) {
-                continue;
-            }
-            due += usize::from(i < self.due);
-            kept.push(row);
-        }
-        self.rows = kept;
-        self.due = due;
+        self.rows.retain(|row| !cut.contains(&row.id));
         self.report.skipped += cut.len();
         if self.rows.is_empty() {
             metrics::counter!(crate::metrics::CUT_BATCHES).increment(1);
             tracing::warn!(
                 rows = cut.len(),
-                "outbox relay: every row this batch claimed waits behind an older row of its subject that another transaction holds (a batch of a relay whose lease just ran out, or a lock taken outside the relay); they go once it is released"
+                "outbox relay: every row this batch claimed waits behind an older row of its subject that it does not hold: another transaction locks it (a batch of a relay whose lease just ran out, or a lock taken outside the relay), or its created_at lies before the cursor (written by hand, or by a clock behind the database's: the sweep reaches it within a second); they go once it is published"
             );
         } else {
             tracing::debug!(

@@ -2,10 +2,10 @@
 //! cursor*).
 //!
 //! Order never depends on the cursor: a batch publishes a subject's rows only when it holds
-//! every unpublished row of that subject from the cursor on ([`GAPS`](super::sql::GAPS)), and
-//! the cursor never passes a row that could still be claimed. The cursor only saves reading:
-//! the rows of held subjects and the index entries of published rows before it are not read
-//! again at every batch.
+//! every older unpublished row of that subject, before the cursor too
+//! ([`CLAIM_CUT`](super::sql::CLAIM_CUT)). The cursor only saves reading, and keeps a row
+//! prompt: the rows of held subjects and the index entries of published rows before it are not
+//! read again at every batch, and the rows that matter lie after it.
 //!
 //! Its one invariant: every unpublished row before [`Cursor::start`] was, when the cursor
 //! passed it, either parked (its subject has a retry schedule) or not yet committed by a

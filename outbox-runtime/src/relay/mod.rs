@@ -67,6 +67,9 @@ pub fn batch_settings(statement_ms: u128, idle_ms: u128) -> String {
 }
 #[doc(hidden)]
 pub const CLAIM_STATEMENT: &str = sql::CLAIM;
+/// The main claim with its cut at holes (the parameters of [`CLAIM_STATEMENT`]), verbatim.
+#[doc(hidden)]
+pub const CLAIM_CUT_STATEMENT: &str = sql::CLAIM_CUT;
 
 /// First key of the relay's one advisory lock, the wake lock
 /// ([`WAKE_KEY`](crate::WAKE_KEY)), so that it does not collide with the application's own

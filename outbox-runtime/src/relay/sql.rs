@@ -170,18 +170,24 @@ pub(super) const RANGE: &str = concat!(
     "       order by w.created_at desc, w.id desc limit 1) as l on true"
 );
 
-/// The heads of the subjects whose retry is due, in the lane (`$2`-`$4`); `$1` limits them.
-/// The schedule names each head by id: the due ids come first (the schedule's index on
-/// `retry_at`), then each head by primary key, whatever the planner thinks of the schedule's
-/// size.
+/// The heads of the subjects whose retry is due, in the lane (`$2`-`$4`); `$1` limits them. A
+/// due subject's head is its oldest unpublished row (one probe of the subject index, migration
+/// 0012), which is the schedule's row unless an older one appeared since (written by hand, or
+/// set unpublished again): no older row of the subject can then be left behind. The due
+/// schedules come first (the schedule's index on `retry_at`), then each head by primary key,
+/// whatever the planner thinks of the schedule's size.
 macro_rules! claim_due {
     ($($traced:ident)?) => {
         concat!(
             "select ",
             columns!($($traced)?),
             "  from outbox_events o",
-            " where o.id = any(array(select r.event_id from outbox_retries r",
-            "                         where r.retry_at <= now() order by r.retry_at limit $1 * 4))",
+            " where o.id = any(array(",
+            "         select (select e.id from outbox_events e",
+            "                  where e.subject = r.subject and e.published_at is null",
+            "                  order by e.created_at, e.id limit 1)",
+            "           from outbox_retries r",
+            "          where r.retry_at <= now() order by r.retry_at limit $1 * 4))",
             "   and o.published_at is null",
             "   and ",
             in_lane!("$2", "$3", "$4"),
@@ -226,9 +232,10 @@ macro_rules! claim {
 pub(super) const CLAIM: &str = claim!();
 
 /// [`CLAIM`] and its cut in one statement: each claimed row with `cut`, whether it lies after
-/// a hole of its subject ([`GAPS`]'s rule, from the cursor `$10`, `$11`, in the same snapshot
-/// as the claim: a row another transaction locks is a hole). One round trip fewer before the
-/// batch publishes.
+/// a hole of its subject, in the same snapshot as the claim. A hole is the subject's first
+/// unpublished row before its last claimed one that the claim does not hold (another
+/// transaction locks it, the claim passed it, or it lies before the cursor): one probe of the
+/// subject index (migration 0012) per claimed subject, wherever the cursor is.
 macro_rules! claim_cut {
     ($($traced:ident)?) => {
         concat!(
@@ -237,21 +244,14 @@ macro_rules! claim_cut {
             "),",
             " last as (select distinct on (c.subject) c.subject, c.created_at, c.id from c",
             "           order by c.subject, c.created_at desc, c.id desc),",
-            // one walk of the range, the claim's own rows left out, then a hash join on subject
-            " rest as materialized (",
-            "   select o.subject, o.created_at, o.id from outbox_events o",
-            "    where o.published_at is null",
-            "      and ",
-            from!("$10", "$11"),
-            "      and o.created_at <= (select max(c.created_at) from c)",
-            "      and ",
-            lane_bounds!("$2", "$3", "$4"),
-            "      and o.id not in (select c.id from c)),",
             " holes as materialized (",
-            "   select distinct on (r.subject) r.subject, r.created_at, r.id",
-            "     from rest r join last on r.subject = last.subject",
-            "    where (r.created_at, r.id) < (last.created_at, last.id)",
-            "    order by r.subject, r.created_at, r.id)",
+            "   select h.subject, h.created_at, h.id from last cross join lateral (",
+            "     select o.subject, o.created_at, o.id from outbox_events o",
+            "      where o.subject = last.subject and o.published_at is null",
+            "        and o.created_at <= last.created_at",
+            "        and (o.created_at, o.id) < (last.created_at, last.id)",
+            "        and o.id not in (select c.id from c)",
+            "      order by o.created_at, o.id limit 1) h)",
             "select c.*, coalesce((c.created_at, c.id) > (h.created_at, h.id), false) as cut",
             "  from c left join holes h on h.subject = c.subject",
             " order by c.created_at, c.id"
@@ -261,33 +261,6 @@ macro_rules! claim_cut {
 pub(super) const CLAIM_CUT: &str = claim_cut!();
 /// [`CLAIM_CUT`] with the trace context columns.
 pub(super) const CLAIM_CUT_TRACED: &str = claim_cut!(traced);
-
-/// The claimed rows (`$1`, ids) to cut: per claimed subject, its first unpublished row from
-/// the cursor (`$2`, `$3`) on, before the subject's last claimed row, that the claim does not
-/// hold (another transaction's, or one the claim passed), is a hole; the subject's claimed rows
-/// after it are cut. The range read is the lane's (`$4`-`$6`), from the cursor to the last
-/// claimed row. Only ids cross: no instant is rendered.
-pub(super) const GAPS: &str = concat!(
-    "with c as materialized (select o.id, o.subject, o.created_at from outbox_events o",
-    "                         where o.id = any($1::uuid[])),",
-    "     last as (select distinct on (c.subject) c.subject, c.created_at, c.id from c",
-    "               order by c.subject, c.created_at desc, c.id desc),",
-    "     holes as (",
-    "       select distinct on (o.subject) o.subject, o.created_at, o.id",
-    "         from outbox_events o join last on o.subject = last.subject",
-    "        where o.published_at is null",
-    "          and ",
-    from!("$2", "$3"),
-    "          and o.created_at <= (select max(c.created_at) from c)",
-    "          and ",
-    lane_bounds!("$4", "$5", "$6"),
-    "          and o.created_at <= last.created_at",
-    "          and (o.created_at, o.id) < (last.created_at, last.id)",
-    "          and o.id not in (select c.id from c)",
-    "        order by o.subject, o.created_at, o.id)",
-    "select c.id from c join holes h on h.subject = c.subject",
-    " where (c.created_at, c.id) > (h.created_at, h.id)"
-);
 
 /// The marks address the claimed rows by `ctid`, which their row locks keep stable until this
 /// transaction updates them (a plain table: in a partitioned one a `ctid` is not unique).
@@ -436,7 +409,7 @@ mod tests {
 
     #[test]
     fn the_statements_over_the_backlog_start_at_a_position_the_index_can_bound() {
-        for (name, sql) in [("CLAIM", CLAIM), ("RANGE", RANGE), ("GAPS", GAPS)] {
+        for (name, sql) in [("CLAIM", CLAIM), ("RANGE", RANGE)] {
             let sql = squash(sql);
             assert!(
                 sql.contains("o.created_at >= $") && sql.contains("(o.created_at, o.id) >= ($"),
@@ -457,22 +430,23 @@ mod tests {
     }
 
     #[test]
-    fn the_claim_finds_its_holes_in_its_own_statement_from_the_cursor() {
+    fn the_claim_finds_its_holes_in_its_own_statement_over_the_whole_subject() {
         let claim_cut = squash(CLAIM_CUT);
         assert!(claim_cut.starts_with(&format!("with c as materialized ({}", squash(CLAIM))));
         assert!(claim_cut.contains("o.id not in (select c.id from c)"));
-        assert!(claim_cut.contains("rest as materialized"));
-        assert!(claim_cut.contains("(o.created_at, o.id) >= ($10, $11)"));
+        assert!(claim_cut.contains("where o.subject = last.subject and o.published_at is null"));
+        // no lower bound: a hole before the cursor counts
+        assert!(!claim_cut.contains("$10"), "{claim_cut}");
         assert!(claim_cut.ends_with(
             "as cut from c left join holes h on h.subject = c.subject order by c.created_at, c.id"
         ));
     }
 
     #[test]
-    fn gaps_name_rows_by_id_only() {
-        let gaps = squash(GAPS);
-        assert!(gaps.starts_with("with c as materialized"));
-        assert!(gaps.ends_with("where (c.created_at, c.id) > (h.created_at, h.id)"));
-        assert!(gaps.contains("o.id = any($1::uuid[])"));
+    fn a_due_subjects_head_is_its_oldest_unpublished_row() {
+        let due = squash(CLAIM_DUE);
+        assert!(due.contains(
+            "where e.subject = r.subject and e.published_at is null order by e.created_at, e.id limit 1"
+        ));
     }
 }

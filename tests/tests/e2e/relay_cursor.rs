@@ -573,3 +573,68 @@ async fn run_once_reads_past_a_held_subjects_rows_in_one_call() {
     assert_eq!(published(ctx.pool(), &held).await, 0);
     ctx.delete_stream().await;
 }
+
+/// A row whose `created_at` lies before the cursor (a writer whose clock is a minute behind the
+/// database's, inserting by hand) and a newer row of its subject committed right after it: the
+/// newer one is not published until the older one is, even by a claim that runs before the
+/// sweep has found the older one. `Relay::run_once` makes the interleaving exact: the first call
+/// moves the cursor and sweeps, the next ones run within the sweep's second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_dated_before_the_cursor_goes_out_before_the_newer_rows_of_its_subject() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("ledger.entry.posted");
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
+    let relay = relay(&ctx, RelayConfig::default()).await;
+    let warm = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "billing", "acct-warm"),
+    )
+    .await;
+    while published(ctx.pool(), &[warm]).await == 0 {
+        relay.run_once().await.expect("a batch");
+    }
+    // a second later the horizon (sampled every 200 ms at most) has moved on, and the cursor
+    // with it; the next call's sweep finds nothing before it, and the next sweep is a second
+    // away
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    relay.run_once().await.expect("a batch");
+    relay.run_once().await.expect("a batch");
+    let late: Uuid = sqlx::query_scalar(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+         values (gen_random_uuid(), $1, 'skewed', 'acct-1', now(), '{\"n\": 1}', \
+                 clock_timestamp() - interval '60 seconds') \
+         returning id",
+    )
+    .bind(&event_type)
+    .fetch_one(ctx.pool())
+    .await
+    .unwrap();
+    let newer = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "billing", "acct-1").numbered(2),
+    )
+    .await;
+    let report = relay.run_once().await.expect("a batch");
+    assert_eq!(
+        published(ctx.pool(), &[newer]).await,
+        published(ctx.pool(), &[late]).await,
+        "the newer row goes out only with or after the older one: {report:?}"
+    );
+    eventually(Duration::from_secs(10), "both rows published", || async {
+        relay.run_once().await.expect("a batch");
+        published(ctx.pool(), &[late, newer]).await == 2
+    })
+    .await;
+    let order: Vec<String> = ctx
+        .read_stream()
+        .await
+        .into_iter()
+        .filter(|d| d.envelope.subject == "acct-1")
+        .map(|d| d.msg_id)
+        .collect();
+    assert_eq!(order, vec![late.to_string(), newer.to_string()]);
+    ctx.delete_stream().await;
+}

@@ -558,3 +558,48 @@ async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
     }
     sqlx::query("rollback").execute(&mut *tx).await.unwrap();
 }
+
+/// The claim's look for older rows of its subjects (the cut at holes, docs/relay.md, *Order*)
+/// is one probe of migration 0012's index per claimed subject, bounded by the subject and the
+/// subject's last claimed row: it reads no other subject's rows, wherever the cursor is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claims_look_for_older_rows_probes_the_subject_index() {
+    let (ctx, _, _) = one_type_backlog(5_000).await;
+    sqlx::query("analyze outbox_events")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let mut tx = ctx.pool().acquire().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_runtime::relay::batch_settings(
+        5000, 10000,
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "prepare claim_cut_plan as {}",
+        outbox_runtime::relay::CLAIM_CUT_STATEMENT
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(
+        "explain (format json) execute claim_cut_plan(500, 1024, 1, 0, \
+         '-infinity', '00000000-0000-0000-0000-000000000000', null, null, '{}')",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    let nodes = plan_nodes(&plan[0]["Plan"]);
+    let probe = nodes.iter().any(|n| {
+        n["Index Name"] == "outbox_events_unpublished_subject_idx"
+            && n["Index Cond"]
+                .as_str()
+                .is_some_and(|c| c.contains("subject =") && c.contains("created_at <="))
+    });
+    assert!(
+        probe,
+        "the cut does not probe outbox_events_unpublished_subject_idx by subject; its plan:\n{plan:#}"
+    );
+    sqlx::query("rollback").execute(&mut *tx).await.unwrap();
+}

@@ -241,6 +241,10 @@ async fn the_migrations_create_the_claim_index_for_held_subjects() {
         indexes.contains(&"outbox_events_unpublished_partition_idx".to_owned()),
         "{indexes:?}"
     );
+    assert!(
+        indexes.contains(&"outbox_events_unpublished_subject_idx".to_owned()),
+        "{indexes:?}"
+    );
 }
 
 #[tokio::test]
