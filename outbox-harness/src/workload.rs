@@ -362,7 +362,7 @@ impl Workload {
                 .create_stream(&name, &format!("ux{id}.>"))
                 .await;
         }
-        if self.unblock_cli(id, head).await {
+        if self.unblock_cli(id, &poison.subject).await {
             self.history
                 .poison_update(id, |p| p.repaired = Some(Utc::now()));
         }
@@ -374,8 +374,7 @@ impl Workload {
         let Some(poison) = self.history.poison_record(id) else {
             return;
         };
-        let head = poison.head;
-        if self.unblock_cli(id, head).await {
+        if self.unblock_cli(id, &poison.subject).await {
             let now = Utc::now();
             self.history.poison_update(id, |p| {
                 p.unblocked.push(now);
@@ -386,16 +385,20 @@ impl Workload {
         }
     }
 
-    /// Runs `outbox unblock --id <head>` as the operator; whether it succeeded.
-    async fn unblock_cli(&self, id: usize, head: Uuid) -> bool {
+    /// Runs `outbox unblock --subject <subject>` as the operator, for poison row `id` (its
+    /// subject's, which is its own: a follower of a type no stream captures is held in its
+    /// place when the head's insert failed); whether it succeeded.
+    async fn unblock_cli(&self, id: usize, subject: &str) -> bool {
         let bin = match crate::relays::outbox_binary() {
             Ok(bin) => bin,
             Err(e) => panic!("{e}"),
         };
         let url = self.servers.root_url();
+        let subject = subject.to_owned();
+        let args = subject.clone();
         let output = tokio::task::spawn_blocking(move || {
             Command::new(bin)
-                .args(["unblock", "--id", &head.to_string()])
+                .args(["unblock", "--subject", &args])
                 .env_clear()
                 .env("DATABASE_URL", url)
                 .env("OUTBOX_LOG", "warn")
@@ -408,14 +411,14 @@ impl Workload {
             Ok(o) if o.status.success() => {
                 let said = String::from_utf8_lossy(&o.stdout);
                 self.history.note(format!(
-                    "outbox unblock --id {head} (p{id}): {}",
+                    "outbox unblock --subject {subject} (p{id}): {}",
                     said.lines().last().unwrap_or("")
                 ));
                 true
             }
             Ok(o) => {
                 self.history.note(format!(
-                    "outbox unblock --id {head} (p{id}) failed with {}: {}",
+                    "outbox unblock --subject {subject} (p{id}) failed with {}: {}",
                     o.status,
                     String::from_utf8_lossy(&o.stderr).trim()
                 ));
