@@ -78,6 +78,25 @@ pub enum Error {
         /// The migration that creates it.
         migration: &'static str,
     },
+    /// An index the relay needs is missing from `outbox_events`, or not valid yet (a
+    /// concurrent build still running, or one that failed): the relay does not start without
+    /// it.
+    #[error(
+        "index `{index}` of outbox_events {problem}: the relay needs it (migrations/{migration}); \
+         build it without holding writes with `{statement};` (outside a transaction, as the \
+         table's owner; after a failed build, `drop index concurrently if exists {index};` \
+         first), or run `outbox migrate` on an empty table, then start the relay again"
+    )]
+    MissingIndex {
+        /// The index.
+        index: &'static str,
+        /// What is wrong with it: missing, or not valid yet.
+        problem: &'static str,
+        /// The migration that creates it.
+        migration: &'static str,
+        /// The statement that builds it without holding writes.
+        statement: String,
+    },
     /// A column the crate writes is missing from a table of the outbox's migrations (with the
     /// `opentelemetry` feature, emit writes the trace context columns of migration 0007).
     #[error("column `{column}` of table `{table}` does not exist: run the outbox migrations (`outbox migrate`, or `outbox_runtime::migrate(&pool)`, which applies migrations/{migration})")]

@@ -44,8 +44,7 @@ pub use outbox_macros::OutboxEvent;
 /// - `0002_outbox_consumer.sql`: the consumer dedupe table (`outbox_consumed`) and the
 ///   per-subject positions of [`order`];
 /// - `0003_outbox_retrying_idx.sql`: a small partial index on the subjects of rows that failed
-///   (the relay's claim read it until 0005 replaced it with its own table; kept, as it costs
-///   nothing on the emit path);
+///   (the relay's claim read it until 0005 replaced it with its own table; 0013 drops it);
 /// - `0004_outbox_events_fillfactor.sql`: `fillfactor = 50` on the outbox table, so that the
 ///   relay's mark writes each row's new version on the row's own page (a quarter less time per
 ///   mark; the table ends up no larger);
@@ -73,11 +72,14 @@ pub use outbox_macros::OutboxEvent;
 ///   the relays running on the table publishes (docs/relay.md, *Several relays*), drops
 ///   0008's table, and gives `outbox_retries` the nullable `cause` of each hold (the relay
 ///   releases by itself the holds a stream caused: docs/relay.md, *Held rows*).
-/// - `0012_outbox_unpublished_subject_idx.sql`: the unpublished rows by `(subject, created_at,
-///   id)`, so that before a batch publishes a subject's rows it finds the subject's oldest
-///   unpublished row in one probe, wherever it lies (docs/relay.md, *Order*). Built like 0009
-///   (the file gives the `concurrently` statement). A relay on a table without it stays
-///   correct, and reads the lane's unpublished rows once per claimed subject instead.
+/// - `0012_outbox_unpublished_subject_idx.sql`: the unpublished rows by `(hashtext(subject),
+///   created_at, id)`, so that before a batch publishes a subject's rows it finds the
+///   subject's oldest unpublished row in one probe, wherever it lies (docs/relay.md, *Order*).
+///   Built like 0009 (the file gives the `concurrently` statement). The relay needs it: one
+///   started on a table without it (or with the build still running) says so and waits for it.
+/// - `0013_outbox_drop_retrying_idx.sql`: drops 0003's index, which no statement reads, and
+///   which indexed `subject` itself (a row with a subject over 2,704 bytes could not be marked
+///   failed once in it).
 ///
 /// Run them with [`migrate`], or copy the files into the service's own migrations folder (they
 /// are idempotent: `create ... if not exists`, and a storage setting). Run as they are (by

@@ -58,9 +58,19 @@ const BUILT_CONCURRENTLY: [ConcurrentIndex; 3] = [
     ConcurrentIndex {
         version: 12,
         name: "outbox_events_unpublished_subject_idx",
-        definition: "on outbox_events (subject, created_at, id) where published_at is null",
+        definition:
+            "on outbox_events ((hashtext(subject)), created_at, id) where published_at is null",
     },
 ];
+
+/// The statement that builds the index of [`BUILT_CONCURRENTLY`] named `name` without holding
+/// writes.
+pub(crate) fn concurrent_build(name: &str) -> Option<String> {
+    BUILT_CONCURRENTLY
+        .iter()
+        .find(|i| i.name == name)
+        .map(ConcurrentIndex::create_concurrently)
+}
 
 impl ConcurrentIndex {
     /// The statement that builds it in a transaction (its migration's).

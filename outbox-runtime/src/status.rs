@@ -68,7 +68,8 @@ pub const BACKING_OFF_SHOWN: i64 = 100;
 /// A subject backing off after a failed publish, with the reason.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BackingOff {
-    /// The event the relay tries next (the subject's oldest unpublished one).
+    /// The event whose attempt failed (the schedule's; the relay tries the subject's oldest
+    /// unpublished event next, which is this one unless an older one was written since).
     pub id: Uuid,
     /// Its event type.
     pub event_type: String,

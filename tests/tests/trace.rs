@@ -339,7 +339,7 @@ fn about_traces(warnings: &Warnings) -> Vec<String> {
 }
 
 /// The seed's table and the rest of the outbox's migrations, without 0007.
-const BEFORE_TRACES: [&str; 10] = [
+const BEFORE_TRACES: [&str; 11] = [
     include_str!("../../migrations/0001_outbox_events.sql"),
     include_str!("../../migrations/0002_outbox_consumer.sql"),
     include_str!("../../migrations/0003_outbox_retrying_idx.sql"),
@@ -350,6 +350,7 @@ const BEFORE_TRACES: [&str; 10] = [
     include_str!("../../migrations/0009_outbox_published_idx.sql"),
     include_str!("../../migrations/0011_outbox_relay_lease.sql"),
     include_str!("../../migrations/0012_outbox_unpublished_subject_idx.sql"),
+    include_str!("../../migrations/0013_outbox_drop_retrying_idx.sql"),
 ];
 
 // A current-thread runtime: the relay, its pool and its NATS client run on the test's thread,

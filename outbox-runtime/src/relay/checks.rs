@@ -64,6 +64,35 @@ pub(super) async fn tables(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
+/// The index the claim's cut probes per subject (migration 0012): without it each probe reads
+/// the lane's unpublished rows from the start of the table, and a batch over a backlog runs
+/// past its statement timeout, so the relay refuses to start rather than publish nothing.
+pub(super) const SUBJECT_INDEX: &str = "outbox_events_unpublished_subject_idx";
+
+/// [`SUBJECT_INDEX`] exists on the outbox table and is valid.
+pub(super) async fn subject_index(pool: &PgPool) -> Result<()> {
+    let valid: Option<bool> = sqlx::query_scalar(
+        "select i.indisvalid from pg_index i join pg_class c on c.oid = i.indexrelid \
+          where i.indrelid = 'outbox_events'::regclass and c.relname = $1",
+    )
+    .bind(SUBJECT_INDEX)
+    .fetch_optional(pool)
+    .await
+    .map_err(|e| OUTBOX_EVENTS.error(e))?;
+    let problem = match valid {
+        Some(true) => return Ok(()),
+        Some(false) => "is not valid yet (a concurrent build still running, or one that failed)",
+        None => "does not exist",
+    };
+    Err(Error::MissingIndex {
+        index: SUBJECT_INDEX,
+        problem,
+        migration: "0012_outbox_unpublished_subject_idx.sql",
+        statement: crate::migrate::concurrent_build(SUBJECT_INDEX)
+            .expect("the subject index is one of migrate's concurrent builds"),
+    })
+}
+
 /// Whether the outbox table has the trace context columns of migration 0007; without them the
 /// relay publishes as before, and says once (here, at start) that it carries no traces.
 pub(super) async fn trace_columns(pool: &PgPool) -> Result<bool> {

@@ -222,7 +222,7 @@ impl<'r> Claim<'r> {
         } else {
             tracing::debug!(
                 rows = cut.len(),
-                "outbox claim cut subjects at an older event it does not hold (another transaction's)"
+                "outbox claim cut subjects at an older event it does not hold (another transaction's, or one before the cursor)"
             );
         }
     }

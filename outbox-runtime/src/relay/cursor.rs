@@ -76,7 +76,7 @@ impl Cursor {
         }
     }
 
-    /// The cursor: holes in a subject are looked for from here.
+    /// The cursor: the lane's windows and claims read from here.
     pub(super) fn start(&self) -> Position {
         self.start
     }

@@ -262,6 +262,7 @@ impl Relay {
         config.validate()?;
         checks::pool_size(&pool, &config)?;
         checks::tables(&pool).await?;
+        checks::subject_index(&pool).await?;
         let trace_columns = checks::trace_columns(&pool).await?;
         checks::jetstream(&jetstream, &config).await?;
         checks::streams(&jetstream, &config).await?;

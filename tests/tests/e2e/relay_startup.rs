@@ -223,8 +223,93 @@ async fn an_unworkable_configuration_is_refused() {
     assert!(err.to_string().contains("invalid stream name"), "{err}");
 }
 
+/// A relay on a table without migration 0012's index (a copy of the migrations without it, or
+/// its concurrent build still running) refuses to start, naming the statement that builds it:
+/// without it every claim over a backlog would run past its statement timeout.
 #[tokio::test]
-async fn the_migrations_create_the_claim_index_for_held_subjects() {
+async fn a_relay_without_the_subject_index_names_the_statement_that_builds_it() {
+    let db = TestDb::new().await;
+    sqlx::query("drop index outbox_events_unpublished_subject_idx")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let nats = connect_nats(&nats_url()).await;
+    let err = Relay::new(
+        db.pool.clone(),
+        async_nats::jetstream::new(nats),
+        RelayConfig::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::MissingIndex {
+                index: "outbox_events_unpublished_subject_idx",
+                problem: "does not exist",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains(
+            "create index concurrently if not exists outbox_events_unpublished_subject_idx \
+             on outbox_events ((hashtext(subject)), created_at, id) where published_at is null;"
+        ),
+        "{message}"
+    );
+}
+
+/// A row with a subject longer than a B-tree entry can hold (the column is text of any length)
+/// is emitted, marked failed and published: no index holds the subject itself.
+#[tokio::test]
+async fn a_subject_of_any_length_is_emitted_marked_and_published() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("billing.invoice.paid");
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
+    let subject: String = (0..400)
+        .map(|n| format!("{n:x}-{}", n * 7919 % 65_536))
+        .collect();
+    assert!(subject.len() > 3_000);
+    let mut conn = ctx.pool().acquire().await.unwrap();
+    let id = conn
+        .emit_raw(
+            &schemas,
+            raw_event(&event_type, "billing", &subject).build(),
+        )
+        .await
+        .expect("an emit with a long subject");
+    drop(conn);
+    // as a failed attempt's mark does
+    sqlx::query("update outbox_events set attempts = attempts + 1 where id = $1")
+        .bind(id)
+        .execute(ctx.pool())
+        .await
+        .expect("a failed attempt marked");
+    let relay = Relay::new(ctx.pool().clone(), ctx.js.clone(), RelayConfig::default())
+        .await
+        .expect("relay");
+    while relay.run_once().await.expect("a batch").claimed > 0 {}
+    let published: bool =
+        sqlx::query_scalar("select published_at is not null from outbox_events where id = $1")
+            .bind(id)
+            .fetch_one(ctx.pool())
+            .await
+            .unwrap();
+    assert!(published);
+    let stored = ctx.read_stream().await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].envelope.subject, subject);
+    ctx.delete_stream().await;
+}
+
+/// The relay's indexes are there, and 0003's, which indexed `subject` itself (a subject over
+/// 2,704 bytes could not be marked failed), is gone.
+#[tokio::test]
+async fn the_migrations_leave_the_relays_indexes_and_no_index_of_the_subject_itself() {
     let db = TestDb::new().await;
     let indexes: Vec<String> = sqlx::query_scalar(
         "select indexname::text from pg_indexes where tablename = 'outbox_events' order by 1",
@@ -233,7 +318,7 @@ async fn the_migrations_create_the_claim_index_for_held_subjects() {
     .await
     .unwrap();
     assert!(
-        indexes.contains(&"outbox_events_retrying_idx".to_owned()),
+        !indexes.contains(&"outbox_events_retrying_idx".to_owned()),
         "{indexes:?}"
     );
     assert!(indexes.contains(&"outbox_events_unpublished_idx".to_owned()));
