@@ -503,12 +503,10 @@ fn plan_nodes(plan: &serde_json::Value) -> Vec<&serde_json::Value> {
     nodes
 }
 
-/// A lane's claim reads only its own partitions' rows: its partition range is a condition of
-/// migration 0010's index (an `Index Cond`), so the other lanes' rows are never fetched from
-/// the table. Checked on the relay's own statement and settings, in the generic plan its
-/// prepared statement runs, over an analyzed backlog.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
+/// A 5,000-row backlog, analyzed, and a connection in a transaction with the batch's settings
+/// on which `statement` is prepared as `plan_of`: the relay prepares its statements, and its
+/// settings force the generic plan.
+async fn prepared_in_a_batch(statement: &str) -> (Ctx, sqlx::pool::PoolConnection<sqlx::Postgres>) {
     let (ctx, _, _) = one_type_backlog(5_000).await;
     sqlx::query("analyze outbox_events")
         .execute(ctx.pool())
@@ -521,14 +519,29 @@ async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
     .execute(&mut *tx)
     .await
     .unwrap();
-    // the relay prepares the claim, and its settings force the generic plan
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "prepare claim_plan as {}",
-        outbox_runtime::relay::CLAIM_STATEMENT
+        "prepare plan_of as {statement}"
     )))
     .execute(&mut *tx)
     .await
     .unwrap();
+    (ctx, tx)
+}
+
+/// Whether `plan` scans `index` with an `Index Cond` that `cond` accepts.
+fn scans_with(plan: &serde_json::Value, index: &str, cond: impl Fn(&str) -> bool) -> bool {
+    plan_nodes(&plan[0]["Plan"])
+        .iter()
+        .any(|n| n["Index Name"] == index && n["Index Cond"].as_str().is_some_and(&cond))
+}
+
+/// A lane's claim reads only its own partitions' rows: its partition range is a condition of
+/// migration 0010's index (an `Index Cond`), so the other lanes' rows are never fetched from
+/// the table. Checked on the relay's own statement and settings, in the generic plan its
+/// prepared statement runs, over an analyzed backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
+    let (_ctx, mut tx) = prepared_in_a_batch(outbox_runtime::relay::CLAIM_STATEMENT).await;
     let defaults = RelayConfig::default();
     assert_eq!(
         defaults.partitions, 1024,
@@ -536,19 +549,15 @@ async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
     );
     for (lanes, lane) in [(4, 1), (2, 0), (16, 15)] {
         let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "explain (format json) execute claim_plan(500, {}, {lanes}, {lane}, \
+            "explain (format json) execute plan_of(500, {}, {lanes}, {lane}, \
              '-infinity', '00000000-0000-0000-0000-000000000000', null, null, '{{}}')",
             defaults.partitions
         )))
         .fetch_one(&mut *tx)
         .await
         .unwrap();
-        let nodes = plan_nodes(&plan[0]["Plan"]);
-        let bounded = nodes.iter().any(|n| {
-            n["Index Name"] == "outbox_events_unpublished_partition_idx"
-                && n["Index Cond"]
-                    .as_str()
-                    .is_some_and(|c| c.contains("hashtext"))
+        let bounded = scans_with(&plan, "outbox_events_unpublished_partition_idx", |c| {
+            c.contains("hashtext")
         });
         assert!(
             bounded,
@@ -564,38 +573,16 @@ async fn a_lanes_claim_bounds_its_partition_range_in_the_index() {
 /// and the subject's last claimed row: it reads no other subject's rows, wherever the cursor is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claims_look_for_older_rows_probes_the_subject_index() {
-    let (ctx, _, _) = one_type_backlog(5_000).await;
-    sqlx::query("analyze outbox_events")
-        .execute(ctx.pool())
-        .await
-        .unwrap();
-    let mut tx = ctx.pool().acquire().await.unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(outbox_runtime::relay::batch_settings(
-        5000, 10000,
-    )))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "prepare claim_cut_plan as {}",
-        outbox_runtime::relay::CLAIM_CUT_STATEMENT
-    )))
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    let (_ctx, mut tx) = prepared_in_a_batch(outbox_runtime::relay::CLAIM_CUT_STATEMENT).await;
     let plan: serde_json::Value = sqlx::query_scalar(
-        "explain (format json) execute claim_cut_plan(500, 1024, 1, 0, \
+        "explain (format json) execute plan_of(500, 1024, 1, 0, \
          '-infinity', '00000000-0000-0000-0000-000000000000', null, null, '{}')",
     )
     .fetch_one(&mut *tx)
     .await
     .unwrap();
-    let nodes = plan_nodes(&plan[0]["Plan"]);
-    let probe = nodes.iter().any(|n| {
-        n["Index Name"] == "outbox_events_unpublished_subject_idx"
-            && n["Index Cond"].as_str().is_some_and(|c| {
-                c.contains("hashtext(subject) = hashtext(") && c.contains("created_at <=")
-            })
+    let probe = scans_with(&plan, "outbox_events_unpublished_subject_idx", |c| {
+        c.contains("hashtext(subject) = hashtext(") && c.contains("created_at <=")
     });
     assert!(
         probe,

@@ -11,6 +11,18 @@ use outbox_testkit::{
     connect_nats, database_url, free_port, nats_url, open_schemas, raw_event, TestDb,
 };
 
+/// Why `Relay::new` on `pool` (and the local NATS) refuses to start.
+async fn refused(pool: &sqlx::PgPool) -> Error {
+    let nats = connect_nats(&nats_url()).await;
+    Relay::new(
+        pool.clone(),
+        async_nats::jetstream::new(nats),
+        RelayConfig::default(),
+    )
+    .await
+    .unwrap_err()
+}
+
 #[tokio::test]
 async fn a_missing_table_names_the_migration_to_run() {
     let db = TestDb::empty().await;
@@ -35,14 +47,7 @@ async fn a_missing_table_names_the_migration_to_run() {
     );
     drop(conn);
 
-    let nats = connect_nats(&nats_url()).await;
-    let err = Relay::new(
-        db.pool.clone(),
-        async_nats::jetstream::new(nats),
-        RelayConfig::default(),
-    )
-    .await
-    .unwrap_err();
+    let err = refused(&db.pool).await;
     let message = err.to_string();
     assert!(matches!(err, Error::MissingTable { .. }), "{err:?}");
     assert!(message.contains("0001_outbox_events.sql"), "{message}");
@@ -233,14 +238,7 @@ async fn a_relay_without_the_subject_index_names_the_statement_that_builds_it() 
         .execute(&db.pool)
         .await
         .unwrap();
-    let nats = connect_nats(&nats_url()).await;
-    let err = Relay::new(
-        db.pool.clone(),
-        async_nats::jetstream::new(nats),
-        RelayConfig::default(),
-    )
-    .await
-    .unwrap_err();
+    let err = refused(&db.pool).await;
     assert!(
         matches!(
             err,
