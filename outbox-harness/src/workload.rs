@@ -394,8 +394,7 @@ impl Workload {
             Err(e) => panic!("{e}"),
         };
         let url = self.servers.root_url();
-        let subject = subject.to_owned();
-        let args = subject.clone();
+        let args = subject.to_owned();
         let output = tokio::task::spawn_blocking(move || {
             Command::new(bin)
                 .args(["unblock", "--subject", &args])

@@ -75,8 +75,9 @@ pub use outbox_macros::OutboxEvent;
 /// - `0012_outbox_unpublished_subject_idx.sql`: the unpublished rows by `(hashtext(subject),
 ///   created_at, id)`, so that before a batch publishes a subject's rows it finds the
 ///   subject's oldest unpublished row in one probe, wherever it lies (docs/relay.md, *Order*).
-///   Built like 0009 (the file gives the `concurrently` statement). The relay needs it: one
-///   started on a table without it (or with the build still running) says so and waits for it.
+///   Built like 0009 (the file gives the `concurrently` statement). The relay needs it:
+///   `Relay::new` on a table without it (or with its build still running) returns
+///   [`Error::MissingIndex`], naming that statement.
 /// - `0013_outbox_drop_retrying_idx.sql`: drops 0003's index, which no statement reads, and
 ///   which indexed `subject` itself (a row with a subject over 2,704 bytes could not be marked
 ///   failed once in it).

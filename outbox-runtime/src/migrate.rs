@@ -63,13 +63,19 @@ const BUILT_CONCURRENTLY: [ConcurrentIndex; 3] = [
     },
 ];
 
-/// The statement that builds the index of [`BUILT_CONCURRENTLY`] named `name` without holding
+/// The index of [`BUILT_CONCURRENTLY`] named `name` (one of the crate's own names): whether it
+/// is valid (`None` when it does not exist), and the statement that builds it without holding
 /// writes.
-pub(crate) fn concurrent_build(name: &str) -> Option<String> {
-    BUILT_CONCURRENTLY
+pub(crate) async fn concurrent_index(
+    conn: &mut PgConnection,
+    name: &str,
+) -> Result<(Option<bool>, String)> {
+    let index = BUILT_CONCURRENTLY
         .iter()
         .find(|i| i.name == name)
-        .map(ConcurrentIndex::create_concurrently)
+        .expect("one of migrate's concurrent builds");
+    let valid = index.found(conn).await?.map(|(_, valid)| valid);
+    Ok((valid, index.create_concurrently()))
 }
 
 impl ConcurrentIndex {

@@ -71,14 +71,8 @@ pub(super) const SUBJECT_INDEX: &str = "outbox_events_unpublished_subject_idx";
 
 /// [`SUBJECT_INDEX`] exists on the outbox table and is valid.
 pub(super) async fn subject_index(pool: &PgPool) -> Result<()> {
-    let valid: Option<bool> = sqlx::query_scalar(
-        "select i.indisvalid from pg_index i join pg_class c on c.oid = i.indexrelid \
-          where i.indrelid = 'outbox_events'::regclass and c.relname = $1",
-    )
-    .bind(SUBJECT_INDEX)
-    .fetch_optional(pool)
-    .await
-    .map_err(|e| OUTBOX_EVENTS.error(e))?;
+    let mut conn = pool.acquire().await?;
+    let (valid, statement) = crate::migrate::concurrent_index(&mut conn, SUBJECT_INDEX).await?;
     let problem = match valid {
         Some(true) => return Ok(()),
         Some(false) => "is not valid yet (a concurrent build still running, or one that failed)",
@@ -88,8 +82,7 @@ pub(super) async fn subject_index(pool: &PgPool) -> Result<()> {
         index: SUBJECT_INDEX,
         problem,
         migration: "0012_outbox_unpublished_subject_idx.sql",
-        statement: crate::migrate::concurrent_build(SUBJECT_INDEX)
-            .expect("the subject index is one of migrate's concurrent builds"),
+        statement,
     })
 }
 
