@@ -19,7 +19,7 @@ use super::row::{Row, Tid};
 use super::settle::Effects;
 use super::sql;
 use super::stats::BatchReport;
-use super::tx::{timed, Tx, STATEMENT_TIMEOUT};
+use super::tx::{timed, Kept, Tx, STATEMENT_TIMEOUT};
 use super::Relay;
 use crate::error::Result;
 use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
@@ -47,6 +47,8 @@ pub struct Claim<'r> {
     shared_cursor: Option<&'r tokio::sync::Mutex<Cursor>>,
     /// The last position the claim could read (a full window's), if any.
     bound: Option<Position>,
+    /// Where the connection goes when the transaction ends: a lane's, kept for its next batch.
+    kept: Option<&'r mut Kept>,
 }
 
 impl fmt::Debug for Claim<'_> {
@@ -68,16 +70,18 @@ struct Start {
 
 impl<'r> Claim<'r> {
     /// Claims the rows of `lane` from its cursor: the heads whose retry is due, then the
-    /// claimable rows, each subject cut at its first hole.
+    /// claimable rows, each subject cut at its first hole. On `kept`'s connection if it has
+    /// one, which gets the connection back when the transaction ends.
     pub(super) async fn begin(
         relay: &'r Relay,
         lane: Lane,
         cursor: &mut Cursor,
         shared_cursor: Option<&'r tokio::sync::Mutex<Cursor>>,
+        mut kept: Option<&'r mut Kept>,
     ) -> Result<Claim<'r>> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
-            let mut tx = Tx::acquire(&relay.pool).await?;
+            let mut tx = Tx::acquire(&relay.pool, kept.as_deref_mut()).await?;
             let sample = relay.horizon.wants_sample(Instant::now(), SAMPLE_EVERY);
             let start = begin_settings(&mut tx, relay, sample).await?;
             let safe = match start.sample {
@@ -122,6 +126,7 @@ impl<'r> Claim<'r> {
                 next_retry: start.next_retry,
                 shared_cursor,
                 bound,
+                kept,
             };
             let size = relay.config.batch_size;
             if start.due {
@@ -304,7 +309,7 @@ impl<'r> Claim<'r> {
             self.bound,
         );
         super::settle::write(&mut self.tx, self.relay, &self.rows, self.due, &settled).await?;
-        self.tx.commit().await?;
+        self.tx.commit(self.kept).await?;
         super::settle::record(self.relay, &self.rows, &settled, &self.report);
         Ok(effects)
     }
@@ -321,7 +326,7 @@ impl<'r> Claim<'r> {
             self.next_retry,
             self.bound,
         );
-        self.tx.rollback().await?;
+        self.tx.rollback(self.kept).await?;
         Ok(effects)
     }
 }

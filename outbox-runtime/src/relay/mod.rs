@@ -389,8 +389,14 @@ impl Relay {
     pub async fn claim(&self) -> Result<Claim<'_>> {
         let mut cursor = self.cursor.lock().await;
         loop {
-            let claim =
-                Claim::begin(self, lanes::Lane::ALL, &mut cursor, Some(&self.cursor)).await?;
+            let claim = Claim::begin(
+                self,
+                lanes::Lane::ALL,
+                &mut cursor,
+                Some(&self.cursor),
+                None,
+            )
+            .await?;
             if !claim.reads_on() {
                 return Ok(claim);
             }

@@ -13,6 +13,7 @@ use super::cursor::Cursor;
 use super::lanes::{BatchOutcome, Lane, LaneState, LaneStep};
 use super::lease::{self, Term};
 use super::listen::{self, AbortOnDrop, Signals};
+use super::tx::Kept;
 use super::{sql, Relay};
 use crate::error::Result;
 
@@ -146,6 +147,8 @@ impl Relay {
             // a new term starts from the start of the table: another relay published meanwhile
             let mut cursor = Cursor::new(Instant::now());
             let mut state = LaneState::default();
+            // the lane's connection between its batches, back to the pool when the term ends
+            let mut kept = Kept::default();
             loop {
                 let now = Instant::now();
                 let current = *terms.borrow_and_update();
@@ -157,7 +160,7 @@ impl Relay {
                 wake.borrow_and_update();
                 armed.borrow_and_update();
                 let epoch = self.waker.epoch();
-                let result = self.lane_batch(lane, &mut cursor).await;
+                let result = self.lane_batch(lane, &mut cursor, &mut kept).await;
                 self.health.batch(lane.index as usize, result.is_err());
                 let (outcome, next_retry) = match &result {
                     Ok(done) => *done,
@@ -264,8 +267,9 @@ impl Relay {
         &self,
         lane: Lane,
         cursor: &mut Cursor,
+        kept: &mut Kept,
     ) -> Result<(BatchOutcome, Option<Duration>)> {
-        let mut claim = super::Claim::begin(self, lane, cursor, None).await?;
+        let mut claim = super::Claim::begin(self, lane, cursor, None, Some(kept)).await?;
         // what `Relay::claim` reads on after, the lane's next batch reads at once
         let reads_on = claim.reads_on();
         let effects = if claim.is_empty() {

@@ -103,6 +103,20 @@ macro_rules! from {
 /// `pg_prepared_xacts` are readable by every role. `statement_ms`: statement and lock timeout,
 /// `idle_ms`: idle-in-transaction timeout.
 pub(super) fn begin_settings(statement_ms: u128, idle_ms: u128, sample: bool) -> String {
+    // the sample's columns are in the text only when asked: parsed and planned at every batch
+    // (a simple query is not prepared), the views they read cost more than the rest together
+    let sample = if sample {
+        ",
+       (extract(epoch from statement_timestamp()) * 1000000)::int8 - 946684800000000 as sampled_at,
+       (select coalesce(string_agg(l.pid::text || ':' || l.virtualtransaction || ':' || coalesce(a.backend_xid::text, ''), ','), '')
+          from pg_locks l join pg_stat_activity a on a.pid = l.pid
+         where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
+           and a.datname = current_database()) as running,
+       (select coalesce(string_agg(p.transaction::text, ','), '') from pg_prepared_xacts p
+         where p.database = current_database()) as prepared"
+    } else {
+        ""
+    };
     format!(
         "begin; \
 select set_config('synchronous_commit', 'off', true),
@@ -113,16 +127,7 @@ select set_config('synchronous_commit', 'off', true),
        set_config('lock_timeout', '{statement_ms}', true),
        set_config('idle_in_transaction_session_timeout', '{idle_ms}', true),
        exists (select 1 from outbox_retries where retry_at <= now()) as due,
-       extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry,
-       case when {sample} then (extract(epoch from statement_timestamp()) * 1000000)::int8 - 946684800000000 end as sampled_at,
-       case when {sample} then (
-         select coalesce(string_agg(l.pid::text || ':' || l.virtualtransaction || ':' || coalesce(a.backend_xid::text, ''), ','), '')
-           from pg_locks l join pg_stat_activity a on a.pid = l.pid
-          where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
-            and a.datname = current_database()) end as running,
-       case when {sample} then (
-         select coalesce(string_agg(p.transaction::text, ','), '') from pg_prepared_xacts p
-          where p.database = current_database()) end as prepared"
+       extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry{sample}"
     )
 }
 

@@ -6,7 +6,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{Connection as _, PgConnection, PgPool, Postgres};
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::table::{Table, OUTBOX_EVENTS};
@@ -15,6 +16,36 @@ use crate::table::{Table, OUTBOX_EVENTS};
 pub(super) const STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the relay waits for any answer of Postgres before it gives the connection up.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(12);
+/// How long a lane's connection may have been idle before its next batch checks it first:
+/// longer than a lingering lane's pause (at most 50 ms), shorter than an idle lane's (its
+/// sweep, once a second).
+const CHECK_IDLE_AFTER: Duration = Duration::from_millis(100);
+
+/// A lane's connection between its batches. The lane's next batch takes it instead of one
+/// from the pool: a lane that runs batches back to back neither waits for the pool (which
+/// opens a connection, tens of milliseconds, when none is idle) nor pays the pool's check of
+/// the connection (a round trip) at every batch. A connection idle for [`CHECK_IDLE_AFTER`] or
+/// more is checked first, as the pool would, so that one the server or the network ended
+/// meanwhile is replaced rather than failing the batch. A batch that fails closes its connection, and the
+/// next one takes another from the pool. Dropped (the lane's term ended), it closes its
+/// connection: returned to the pool, a connection the server ended meanwhile would be found
+/// dead by the pool's check and logged at warn.
+#[derive(Debug, Default)]
+pub(super) struct Kept(Option<(PoolConnection<Postgres>, Instant)>);
+
+impl Kept {
+    fn put(&mut self, conn: PoolConnection<Postgres>) {
+        self.0 = Some((conn, Instant::now()));
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if let Some((mut conn, _)) = self.0.take() {
+            conn.close_on_drop();
+        }
+    }
+}
 
 /// A batch's transaction on a connection of its own. It ends by [`Tx::commit`] or
 /// [`Tx::rollback`]; dropped any other way (an error, a timeout, a cancelled batch), the
@@ -24,10 +55,18 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(12);
 pub(super) struct Tx(Option<PoolConnection<Postgres>>);
 
 impl Tx {
-    /// A connection from `pool`, whose transaction the first statement begins (the batch's
+    /// A connection, `kept`'s if it has one (checked first when it has been idle), from `pool`
+    /// otherwise, whose transaction the first statement begins (the batch's
     /// [`begin_settings`](super::sql::begin_settings)). Until it ends by [`Tx::commit`] or
     /// [`Tx::rollback`], dropping it closes the connection.
-    pub(super) async fn acquire(pool: &PgPool) -> Result<Tx> {
+    pub(super) async fn acquire(pool: &PgPool, kept: Option<&mut Kept>) -> Result<Tx> {
+        if let Some((mut conn, since)) = kept.and_then(|k| k.0.take()) {
+            if since.elapsed() < CHECK_IDLE_AFTER || timed(OUTBOX_EVENTS, conn.ping()).await.is_ok()
+            {
+                return Ok(Tx(Some(conn)));
+            }
+            conn.close_on_drop();
+        }
         let conn = timed(OUTBOX_EVENTS, pool.acquire()).await?;
         Ok(Tx(Some(conn)))
     }
@@ -39,22 +78,25 @@ impl Tx {
             .expect("a batch's connection is there until it ends")
     }
 
-    async fn execute(&mut self, sql: &'static str) -> Result<()> {
+    /// Commits; the connection goes to `kept` if given, back to the pool otherwise.
+    pub(super) async fn commit(self, kept: Option<&mut Kept>) -> Result<()> {
+        self.end("commit", kept).await
+    }
+
+    /// Rolls back; the connection goes to `kept` if given, back to the pool otherwise.
+    pub(super) async fn rollback(self, kept: Option<&mut Kept>) -> Result<()> {
+        self.end("rollback", kept).await
+    }
+
+    async fn end(mut self, sql: &'static str, kept: Option<&mut Kept>) -> Result<()> {
         timed(OUTBOX_EVENTS, sqlx::query(sql).execute(self.conn())).await?;
-        Ok(())
-    }
-
-    /// Commits, and returns the connection to the pool.
-    pub(super) async fn commit(mut self) -> Result<()> {
-        self.execute("commit").await?;
-        drop(self.0.take());
-        Ok(())
-    }
-
-    /// Rolls back, and returns the connection to the pool.
-    pub(super) async fn rollback(mut self) -> Result<()> {
-        self.execute("rollback").await?;
-        drop(self.0.take());
+        let conn = self
+            .0
+            .take()
+            .expect("a batch's connection is there until it ends");
+        if let Some(kept) = kept {
+            kept.put(conn);
+        }
         Ok(())
     }
 }

@@ -414,3 +414,101 @@ async fn a_batch_wider_than_the_contexts_ack_window_is_published_whole() {
     assert_eq!(ctx.stream_len().await, 40);
     ctx.delete_stream().await;
 }
+
+/// A lane keeps its connection between batches; one that the server ends while the lane waits
+/// (an administrator's `pg_terminate_backend`, a server-wide `idle_session_timeout`) is checked
+/// before the next batch and replaced: the next event goes out without a failed batch. The
+/// relay's connections are told apart by their `application_name`; only the ones idle after a
+/// batch's `commit` or `rollback` for 150 ms or more are ended (not the `LISTEN` or wake-up
+/// connections, which have their own tests), so the lanes' next batch finds them idle past
+/// the check's threshold. A current-thread runtime: the relay runs on the test's thread, where
+/// the recording subscriber is the default.
+#[tokio::test]
+async fn a_lanes_connection_ended_while_it_waits_is_replaced_without_a_failed_batch() {
+    let warnings = outbox_tests::warnings::Warnings::default();
+    let _recording = warnings.record();
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let created = ctx.event_type("billing.subscription.created");
+    let schemas = open_schemas(std::slice::from_ref(&created));
+    let name = format!("outbox-kept-{}", Uuid::new_v4().simple());
+    let config = RelayConfig {
+        poll_interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(config.pool_size())
+        .connect_with(ctx.db.options.clone().application_name(&name))
+        .await
+        .unwrap();
+    let relay = Relay::new(pool, ctx.js.clone(), config).await.unwrap();
+    let relay = std::sync::Arc::new(relay);
+    let (stop, running) = run_relay(relay.clone());
+    let emit = |i: u32| {
+        emit_committed(
+            ctx.pool(),
+            &schemas,
+            raw_event(&created, "billing", format!("sub-{i}"))
+                .data(json!({"i": i}))
+                .build(),
+        )
+    };
+    let first = emit(0).await;
+    eventually(
+        Duration::from_secs(10),
+        "the first event published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    // the lanes' connections, idle after a batch for long enough that the next one checks them
+    macro_rules! idle_lanes {
+        ($what:literal) => {
+            concat!(
+                "select ",
+                $what,
+                " from pg_stat_activity where application_name = $1 and state = 'idle' \
+                 and query in ('commit', 'rollback') \
+                 and state_change < now() - interval '150 milliseconds'"
+            )
+        };
+    }
+    eventually(
+        Duration::from_secs(10),
+        "both lanes' connections idle",
+        || async {
+            sqlx::query_scalar::<_, i64>(idle_lanes!("count(*)"))
+                .bind(&name)
+                .fetch_one(ctx.pool())
+                .await
+                .unwrap()
+                >= 2
+        },
+    )
+    .await;
+    let ended: i64 = sqlx::query_scalar(idle_lanes!("count(pg_terminate_backend(pid))"))
+        .bind(&name)
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap();
+    assert!(ended >= 2, "{ended} connections ended");
+    let second = emit(1).await;
+    eventually(
+        Duration::from_secs(5),
+        "the next event published",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    let got: Vec<Uuid> = ctx
+        .read_stream()
+        .await
+        .iter()
+        .map(|m| m.envelope.id)
+        .collect();
+    assert_eq!(got, [first, second]);
+    let mut warned = warnings.messages();
+    warned.retain(|m| !m.contains("has one replica"));
+    assert_eq!(warned, Vec::<String>::new(), "no batch failed");
+    ctx.delete_stream().await;
+}
