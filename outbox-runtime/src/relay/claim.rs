@@ -19,7 +19,7 @@ use super::row::{Row, Tid};
 use super::settle::Effects;
 use super::sql;
 use super::stats::BatchReport;
-use super::tx::{timed, Kept, Tx, STATEMENT_TIMEOUT};
+use super::tx::{timed, Came, Kept, Tx, STATEMENT_TIMEOUT};
 use super::Relay;
 use crate::error::Result;
 use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
@@ -81,7 +81,10 @@ impl<'r> Claim<'r> {
     ) -> Result<Claim<'r>> {
         let span = tracing::debug_span!("outbox.claim", claimed = tracing::field::Empty);
         async {
-            let mut tx = Tx::acquire(&relay.pool, kept.as_deref_mut()).await?;
+            let (mut tx, came) = Tx::acquire(&relay.pool, kept.as_deref_mut()).await?;
+            if came == Came::Replaced {
+                cursor.lost_marks();
+            }
             let sample = relay.horizon.wants_sample(Instant::now(), SAMPLE_EVERY);
             let start = begin_settings(&mut tx, relay, sample).await?;
             let safe = match start.sample {

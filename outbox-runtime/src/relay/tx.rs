@@ -23,28 +23,44 @@ const CHECK_IDLE_AFTER: Duration = Duration::from_millis(100);
 
 /// A lane's connection between its batches. The lane's next batch takes it instead of one
 /// from the pool: a lane that runs batches back to back neither waits for the pool (which
-/// opens a connection, tens of milliseconds, when none is idle) nor pays the pool's check of
-/// the connection (a round trip) at every batch. A connection idle for [`CHECK_IDLE_AFTER`] or
-/// more is checked first, as the pool would, so that one the server or the network ended
-/// meanwhile is replaced rather than failing the batch. A batch that fails closes its connection, and the
-/// next one takes another from the pool. Dropped (the lane's term ended), it closes its
-/// connection: returned to the pool, a connection the server ended meanwhile would be found
-/// dead by the pool's check and logged at warn.
+/// opens a connection, tens of milliseconds, when none is idle) nor pays the pool's checks of
+/// the connection (a round trip when it hands a connection out, another when it takes one back)
+/// at every batch. A connection idle for [`CHECK_IDLE_AFTER`] or more is checked first, as the
+/// pool would, so that one the server ended meanwhile is replaced rather than failing the batch
+/// (a check that gets no answer fails the batch, as a statement would). A batch that fails
+/// closes its connection, and the next one takes another from the pool; so does a batch whose
+/// kept connection has lived the pool's `max_lifetime`. Dropped (the lane's term ended, or the
+/// relay stopped), it closes its connection: returned to the pool, a connection the server
+/// ended meanwhile would be found dead by the pool's check and logged at warn.
 #[derive(Debug, Default)]
-pub(super) struct Kept(Option<(PoolConnection<Postgres>, Instant)>);
+pub(super) struct Kept(Option<KeptConn>);
 
-impl Kept {
-    fn put(&mut self, conn: PoolConnection<Postgres>) {
-        self.0 = Some((conn, Instant::now()));
-    }
+#[derive(Debug)]
+struct KeptConn {
+    conn: PoolConnection<Postgres>,
+    /// When the batch that last used it ended.
+    used: Instant,
+    /// When it was first taken from the pool, as far as the lane knows.
+    since: Instant,
 }
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        if let Some((mut conn, _)) = self.0.take() {
-            conn.close_on_drop();
+        if let Some(mut kept) = self.0.take() {
+            kept.conn.close_on_drop();
         }
     }
+}
+
+/// How [`Tx::acquire`] came by its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Came {
+    /// The lane's kept connection, or one from the pool.
+    Fine,
+    /// One from the pool, in place of the lane's kept connection, which the server had ended
+    /// (it restarted, or ended the session): the marks of the lane's last batches, which
+    /// commit asynchronously, may be lost with it.
+    Replaced,
 }
 
 /// A batch's transaction on a connection of its own. It ends by [`Tx::commit`] or
@@ -52,28 +68,47 @@ impl Drop for Kept {
 /// connection is closed rather than returned to the pool, so that the server ends the
 /// transaction and its locks, and no connection in an unknown state is reused.
 #[derive(Debug)]
-pub(super) struct Tx(Option<PoolConnection<Postgres>>);
+pub(super) struct Tx {
+    conn: Option<PoolConnection<Postgres>>,
+    since: Instant,
+}
 
 impl Tx {
     /// A connection, `kept`'s if it has one (checked first when it has been idle), from `pool`
     /// otherwise, whose transaction the first statement begins (the batch's
     /// [`begin_settings`](super::sql::begin_settings)). Until it ends by [`Tx::commit`] or
     /// [`Tx::rollback`], dropping it closes the connection.
-    pub(super) async fn acquire(pool: &PgPool, kept: Option<&mut Kept>) -> Result<Tx> {
-        if let Some((mut conn, since)) = kept.and_then(|k| k.0.take()) {
-            if since.elapsed() < CHECK_IDLE_AFTER || timed(OUTBOX_EVENTS, conn.ping()).await.is_ok()
-            {
-                return Ok(Tx(Some(conn)));
+    pub(super) async fn acquire(pool: &PgPool, kept: Option<&mut Kept>) -> Result<(Tx, Came)> {
+        let mut came = Came::Fine;
+        if let Some(kept) = kept.and_then(|k| k.0.take()) {
+            // a Tx from here on: dropped (cancelled, failed), it closes the connection
+            let mut tx = Tx {
+                conn: Some(kept.conn),
+                since: kept.since,
+            };
+            let lifetime = pool.options().get_max_lifetime();
+            if lifetime.is_none_or(|max| kept.since.elapsed() < max) {
+                if kept.used.elapsed() < CHECK_IDLE_AFTER {
+                    return Ok((tx, came));
+                }
+                match tokio::time::timeout(CLIENT_TIMEOUT, tx.conn().ping()).await {
+                    Ok(Ok(())) => return Ok((tx, came)),
+                    Ok(Err(_)) => came = Came::Replaced,
+                    Err(_) => return Err(no_answer()),
+                }
             }
-            conn.close_on_drop();
         }
         let conn = timed(OUTBOX_EVENTS, pool.acquire()).await?;
-        Ok(Tx(Some(conn)))
+        let tx = Tx {
+            conn: Some(conn),
+            since: Instant::now(),
+        };
+        Ok((tx, came))
     }
 
     /// The connection, for a statement of the batch.
     pub(super) fn conn(&mut self) -> &mut PgConnection {
-        self.0
+        self.conn
             .as_mut()
             .expect("a batch's connection is there until it ends")
     }
@@ -91,11 +126,15 @@ impl Tx {
     async fn end(mut self, sql: &'static str, kept: Option<&mut Kept>) -> Result<()> {
         timed(OUTBOX_EVENTS, sqlx::query(sql).execute(self.conn())).await?;
         let conn = self
-            .0
+            .conn
             .take()
             .expect("a batch's connection is there until it ends");
         if let Some(kept) = kept {
-            kept.put(conn);
+            kept.0 = Some(KeptConn {
+                conn,
+                used: Instant::now(),
+                since: self.since,
+            });
         }
         Ok(())
     }
@@ -103,7 +142,7 @@ impl Tx {
 
 impl Drop for Tx {
     fn drop(&mut self) {
-        if let Some(mut conn) = self.0.take() {
+        if let Some(mut conn) = self.conn.take() {
             conn.close_on_drop();
         }
     }
@@ -117,9 +156,16 @@ pub(super) async fn timed<T>(
 ) -> Result<T> {
     match tokio::time::timeout(CLIENT_TIMEOUT, fut).await {
         Ok(result) => result.map_err(|e| table.error(e)),
-        Err(_) => Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("Postgres did not answer within {CLIENT_TIMEOUT:?}; the batch's connection is closed"),
-        )))),
+        Err(_) => Err(no_answer()),
     }
+}
+
+/// The error of a statement that got no answer within [`CLIENT_TIMEOUT`].
+fn no_answer() -> Error {
+    Error::Database(sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "Postgres did not answer within {CLIENT_TIMEOUT:?}; the batch's connection is closed"
+        ),
+    )))
 }
