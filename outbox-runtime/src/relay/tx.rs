@@ -30,27 +30,11 @@ const CHECK_IDLE_AFTER: Duration = Duration::from_millis(100);
 /// (a check that gets no answer fails the batch, as a statement would). A batch that fails
 /// closes its connection, and the next one takes another from the pool; so does a batch whose
 /// kept connection has lived the pool's `max_lifetime`. Dropped (the lane's term ended, or the
-/// relay stopped), it closes its connection: returned to the pool, a connection the server
-/// ended meanwhile would be found dead by the pool's check and logged at warn.
+/// relay stopped), it closes its connection, as a [`Tx`] does: returned to the pool, a
+/// connection the server ended meanwhile would be found dead by the pool's check and logged at
+/// warn. The second field is when the batch that last used it ended.
 #[derive(Debug, Default)]
-pub(super) struct Kept(Option<KeptConn>);
-
-#[derive(Debug)]
-struct KeptConn {
-    conn: PoolConnection<Postgres>,
-    /// When the batch that last used it ended.
-    used: Instant,
-    /// When it was first taken from the pool, as far as the lane knows.
-    since: Instant,
-}
-
-impl Drop for Kept {
-    fn drop(&mut self) {
-        if let Some(mut kept) = self.0.take() {
-            kept.conn.close_on_drop();
-        }
-    }
-}
+pub(super) struct Kept(Option<(Tx, Instant)>);
 
 /// How [`Tx::acquire`] came by its connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +54,7 @@ pub(super) enum Came {
 #[derive(Debug)]
 pub(super) struct Tx {
     conn: Option<PoolConnection<Postgres>>,
+    /// When the connection was taken from the pool, as far as the relay knows.
     since: Instant,
 }
 
@@ -80,15 +65,11 @@ impl Tx {
     /// [`Tx::rollback`], dropping it closes the connection.
     pub(super) async fn acquire(pool: &PgPool, kept: Option<&mut Kept>) -> Result<(Tx, Came)> {
         let mut came = Came::Fine;
-        if let Some(kept) = kept.and_then(|k| k.0.take()) {
-            // a Tx from here on: dropped (cancelled, failed), it closes the connection
-            let mut tx = Tx {
-                conn: Some(kept.conn),
-                since: kept.since,
-            };
+        // a Tx: dropped (cancelled, failed, replaced), it closes the connection
+        if let Some((mut tx, used)) = kept.and_then(|k| k.0.take()) {
             let lifetime = pool.options().get_max_lifetime();
-            if lifetime.is_none_or(|max| kept.since.elapsed() < max) {
-                if kept.used.elapsed() < CHECK_IDLE_AFTER {
+            if lifetime.is_none_or(|max| tx.since.elapsed() < max) {
+                if used.elapsed() < CHECK_IDLE_AFTER {
                     return Ok((tx, came));
                 }
                 match tokio::time::timeout(CLIENT_TIMEOUT, tx.conn().ping()).await {
@@ -125,16 +106,10 @@ impl Tx {
 
     async fn end(mut self, sql: &'static str, kept: Option<&mut Kept>) -> Result<()> {
         timed(OUTBOX_EVENTS, sqlx::query(sql).execute(self.conn())).await?;
-        let conn = self
-            .conn
-            .take()
-            .expect("a batch's connection is there until it ends");
-        if let Some(kept) = kept {
-            kept.0 = Some(KeptConn {
-                conn,
-                used: Instant::now(),
-                since: self.since,
-            });
+        match kept {
+            Some(kept) => kept.0 = Some((self, Instant::now())),
+            // back to the pool
+            None => drop(self.conn.take()),
         }
         Ok(())
     }
