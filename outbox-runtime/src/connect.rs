@@ -22,7 +22,8 @@ use crate::redact;
 pub const APPLICATION_NAME: &str = "outbox";
 
 /// Connects `options` (a pool's settings) to `database_url`, and on failure says why, without
-/// the URL's secrets: [`Error::Unreachable`] (nothing answers), [`Error::Tls`] (the handshake
+/// the URL's secrets: [`Error::Unreachable`] (nothing answers, or the connection closes
+/// before Postgres answers), [`Error::Tls`] (the handshake
 /// or the certificate check failed, or this build has no TLS), [`Error::Authentication`] (the
 /// server refused the user or password), [`Error::Config`] (the URL does not parse, or a
 /// certificate file it names cannot be read), or [`Error::Database`] for anything else.
@@ -118,6 +119,19 @@ pub fn postgres_error(database_url: &str, error: sqlx::Error) -> Error {
         e if crate::relay::is_connection_error(e) => {
             Error::unreachable("postgres", target, reason())
         }
+        // the connection closed before Postgres answered, or what answered is not Postgres: a
+        // proxy (pgbouncer, a load balancer, a Kubernetes Service) in front of a server that
+        // is down, or another service on that port
+        sqlx::Error::Protocol(_) => Error::unreachable(
+            "postgres",
+            target,
+            format!(
+                "{}: the connection closed before Postgres answered, or what answered does not \
+                 speak Postgres's protocol (a proxy in front of a server that is down, or \
+                 another service on that port)",
+                reason()
+            ),
+        ),
         _ => Error::Database(error),
     }
 }

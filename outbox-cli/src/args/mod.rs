@@ -54,6 +54,10 @@ pub enum Command {
         db: DbArgs,
     },
     /// Run the relay: publish committed events to JetStream until SIGINT/SIGTERM.
+    ///
+    /// A relay started while Postgres or NATS cannot be reached waits for them, warning at each
+    /// attempt (1 s apart, doubling up to 30 s); a refused login, TLS, a missing table or stream
+    /// ends it at once with exit 2.
     Relay(RelayArgs),
     /// Show the backlog, the oldest unpublished event, attempts and capped rows.
     ///

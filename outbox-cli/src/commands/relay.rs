@@ -1,6 +1,9 @@
 //! `outbox relay`: run the relay until SIGINT or SIGTERM, with metrics, probes, a progress
 //! line, and spans and metrics over OTLP when the `OTEL_*` variables ask for them.
 //!
+//! It waits for servers that cannot be reached at start ([`start`]), so that a relay started
+//! before them, or during their outage, comes up with them.
+//!
 //! On SIGTERM (or SIGINT) it stops claiming, finishes the batches in progress and gives the
 //! relay lease up: within `RelayConfig::shutdown_bound` (`ack_timeout + 20 s`), after which it exits 1
 //! without waiting further (the rows of an unfinished batch stay unpublished and go out
@@ -16,7 +19,7 @@ use std::time::{Duration, Instant};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use outbox_runtime::{Relay, RelayConfig};
 
-use crate::args::{renamed, secs, RelayArgs};
+use crate::args::{renamed, secs, DbArgs, NatsArgs, RelayArgs};
 use crate::error::{CliError, Result};
 use crate::probes::{self, Probes};
 use crate::recorder::Recorders;
@@ -60,12 +63,14 @@ pub async fn run(args: RelayArgs, telemetry: &Telemetry) -> Result<ExitCode> {
     }
     let bound = config.shutdown_bound();
     let signal = shutdown_signal();
-    let (database_url, nats_url) = (&args.db.database_url, &args.nats.nats_url);
-    let auth = connect::nats_auth(&args.nats);
-    let relay = Relay::connect_with(database_url, nats_url, &auth, config)
-        .await
-        .map_err(|e| CliError::relay_start(database_url, nats_url, e))?;
-    let relay = Arc::new(relay);
+    tokio::pin!(signal);
+    let relay = tokio::select! {
+        relay = start(&args.db, &args.nats, config) => Arc::new(relay?),
+        () = &mut signal => {
+            tracing::info!("stopped before the relay started");
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     probes.started(relay.clone());
     let signalled = tokio::sync::Notify::new();
     let shutdown = async {
@@ -93,6 +98,45 @@ pub async fn run(args: RelayArgs, telemetry: &Telemetry) -> Result<ExitCode> {
     }
     tracing::info!("relay stopped cleanly");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The first wait between start attempts while Postgres or NATS cannot be reached; it doubles
+/// up to [`START_RETRY_MAX`].
+const START_RETRY_MIN: Duration = Duration::from_secs(1);
+/// The longest wait between start attempts.
+const START_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Connects and runs the relay's start-up checks, again and again while a server cannot be
+/// reached or Postgres is not accepting connections yet (it is starting, recovering, or has
+/// no connection slot left): a relay started before its servers, or during their outage, comes
+/// up with them instead of exiting. Each failed attempt is a warning naming the server and why.
+/// Anything else (a refused login, TLS, a missing table or stream, a configuration error) ends
+/// the command at once: waiting would not change it.
+async fn start(db: &DbArgs, nats: &NatsArgs, config: RelayConfig) -> Result<Relay> {
+    let (database_url, nats_url) = (&db.database_url, &nats.nats_url);
+    let auth = connect::nats_auth(nats);
+    let mut wait = START_RETRY_MIN;
+    loop {
+        match Relay::connect_with(database_url, nats_url, &auth, config.clone()).await {
+            Ok(relay) => return Ok(relay),
+            Err(e) if worth_retrying(&e) => {
+                let error = CliError::relay_start(database_url, nats_url, e);
+                tracing::warn!(retry_in = ?wait, "{error}");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(START_RETRY_MAX);
+            }
+            Err(e) => return Err(CliError::relay_start(database_url, nats_url, e)),
+        }
+    }
+}
+
+/// Whether a start attempt that failed with `error` may succeed later without anyone changing
+/// anything: a server that does not answer, or a Postgres error of the kind
+/// [`is_transient`](outbox_runtime::consumer::is_transient) names (the connection lost,
+/// `57P03` starting up, too many connections).
+fn worth_retrying(error: &outbox_runtime::Error) -> bool {
+    matches!(error, outbox_runtime::Error::Unreachable { .. })
+        || outbox_runtime::consumer::is_transient(error)
 }
 
 /// A Prometheus exporter with the buckets of every histogram the runtime records

@@ -3,12 +3,15 @@
 //! operator-mode server with JWTs the test signs); each failure names its cause, never a
 //! secret.
 
-use outbox_testkit::{free_port, NatsServer, TestCa, TestDb};
+use outbox_testkit::{eventually, free_port, NatsServer, TestCa, TestDb};
 
-use crate::support::{db_url, finish, outbox, run, Output, DB_PASSWORD, NATS_PASSWORD};
+use crate::support::{
+    assert_no_secret, db_url, finish, outbox, relay_args, run, Output, Running, DB_PASSWORD,
+    NATS_PASSWORD, PATIENCE,
+};
 
 #[tokio::test]
-async fn unreachable_services_exit_2_naming_the_redacted_url_and_the_fix() {
+async fn unreachable_services_are_named_with_the_redacted_url_and_the_fix() {
     let port = free_port();
     let url = format!("postgres://app:{DB_PASSWORD}@127.0.0.1:{port}/billing");
     for command in ["status", "migrate", "unblock --all", "prune"] {
@@ -31,24 +34,32 @@ async fn unreachable_services_exit_2_naming_the_redacted_url_and_the_fix() {
     }
 
     // The relay: Postgres reachable, NATS not; the NATS password may also come from the
-    // environment.
+    // environment. A relay waits for a server that does not answer (it may be starting, or
+    // down for a while): it warns at each attempt, naming the redacted URL, and SIGTERM ends
+    // the wait.
     let db = TestDb::new().await;
     let nats_port = free_port();
-    let out = run([
-        "relay",
-        "--database-url",
+    let mut relay = Running::spawn(relay_args(
         &db_url(&db),
-        "--nats-url",
         &format!("nats://outbox:{NATS_PASSWORD}@127.0.0.1:{nats_port}"),
-    ])
+        &[],
+    ));
+    let warning = format!("cannot connect to NATS at nats://outbox:***@127.0.0.1:{nats_port}");
+    eventually(PATIENCE, "two failed start attempts", || {
+        std::future::ready(relay.stderr().matches(&warning).count() >= 2)
+    })
     .await;
-    out.expect_code(2).assert_clean();
+    relay.terminate();
+    assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+    let stderr = relay.stderr();
+    assert_no_secret(&stderr);
     assert!(
-        out.stderr.contains(&format!(
-            "cannot connect to NATS at nats://outbox:***@127.0.0.1:{nats_port}"
-        )) && out.stderr.contains("scripts/services"),
-        "{}",
-        out.stderr
+        stderr.contains("scripts/services") && stderr.contains("retry_in"),
+        "each attempt says what to check and when the next one is:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("stopped before the relay started"),
+        "{stderr}"
     );
     let mut cmd = outbox();
     cmd.args([

@@ -1,17 +1,19 @@
 //! `outbox relay` as a process an orchestrator runs: `/healthz` and `/readyz` answer curl,
 //! and `/readyz` turns unready while its private nats-server is down and ready again after;
 //! SIGTERM with a batch waiting for acks ends the process within its stated bound, and nothing
-//! is lost. (`otlp` has the exporters and the JSON log lines.)
+//! is lost; a relay started while its Postgres is down waits for it. (`otlp` has the exporters
+//! and the JSON log lines.)
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use outbox_testkit::suite::Ctx;
-use outbox_testkit::{eventually, free_port, NatsServer};
+use outbox_testkit::{eventually, free_port, NatsServer, PgServer};
+use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
-use crate::support::{db_url, relay_args, signal, Running, PATIENCE};
+use crate::support::{db_url, emit_numbered, nats_url, relay_args, signal, Running, PATIENCE};
 
 /// `curl -s -w '\n%{http_code}' http://<addr><path>`: the status code and the body.
 async fn curl(addr: &str, path: &str) -> (u16, String) {
@@ -199,4 +201,64 @@ async fn sigterm_with_a_batch_in_flight_ends_within_the_bound_and_loses_nothing(
     }
     assert_eq!(seen, per_subject, "every event once, each subject in order");
     broker.stop();
+}
+
+/// A relay started while its Postgres is down (a host rebooting, or a deploy that starts both)
+/// waits for it rather than exiting: each attempt is a warning, `/healthz` answers 200 and
+/// `/readyz` 503 meanwhile, and once Postgres accepts connections the relay starts and
+/// publishes what was committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_while_postgres_is_down_waits_for_it_then_publishes() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("waiting.row.changed");
+    let pg = PgServer::spawn();
+    let connect = || async {
+        PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&pg.url())
+            .await
+            .expect("connect to the private Postgres")
+    };
+    let pool = connect().await;
+    outbox_runtime::migrate(&pool).await.expect("migrate");
+    pool.close().await;
+    pg.stop();
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut relay = Running::spawn(relay_args(
+        &pg.url(),
+        &nats_url(),
+        &["--metrics-addr", &addr],
+    ));
+    let warning = format!("cannot connect to Postgres at {}", pg.url());
+    eventually(PATIENCE, "two failed start attempts", || {
+        std::future::ready(relay.stderr().matches(&warning).count() >= 2)
+    })
+    .await;
+    let (code, alive) = curl(&addr, "/healthz").await;
+    assert_eq!((code, alive.trim()), (200, r#"{"status":"starting"}"#));
+    let (code, ready) = curl(&addr, "/readyz").await;
+    assert_eq!((code, ready.trim()), (503, r#"{"status":"starting"}"#));
+
+    pg.start();
+    let pool = connect().await;
+    let ids = emit_numbered(&pool, &event_type, "s-1", 1..=3).await;
+    readyz_until(&addr, 200, "/readyz to answer 200 once Postgres is up").await;
+    eventually(
+        PATIENCE,
+        "the relay to publish the three events",
+        || async { ctx.stream_len().await == 3 },
+    )
+    .await;
+    let stored: Vec<Uuid> = ctx
+        .read_stream()
+        .await
+        .iter()
+        .map(|m| m.envelope.id)
+        .collect();
+    assert_eq!(stored, ids, "each event once, in order");
+    relay.terminate();
+    assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+    ctx.delete_stream().await;
 }

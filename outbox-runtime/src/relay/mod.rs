@@ -152,10 +152,13 @@ impl fmt::Debug for Relay {
     }
 }
 
+/// Whether `e` says the connection failed rather than the statement: among them a protocol
+/// error (the stream closed or garbled mid-message), after which the connection is unusable.
 pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
     matches!(
         e,
         sqlx::Error::Io(_)
+            | sqlx::Error::Protocol(_)
             | sqlx::Error::Tls(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed

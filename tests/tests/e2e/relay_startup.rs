@@ -91,6 +91,39 @@ async fn unreachable_postgres_or_nats_at_start_is_a_clear_error() {
         "{shown}"
     );
 
+    // a proxy in front of a server that is down accepts the connection and closes it before
+    // Postgres answers (pgbouncer, a load balancer): unreachable too, so that the `outbox
+    // relay` command waits for it rather than exiting
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let behind_proxy = format!(
+        "postgres://root@127.0.0.1:{}/test",
+        listener.local_addr().unwrap().port()
+    );
+    let closer = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            // reads the client's first message (the SSLRequest), then closes
+            let mut request = [0u8; 8];
+            let _ = socket.read_exact(&mut request).await;
+        }
+    });
+    let err = Relay::connect(&behind_proxy, &nats_url(), RelayConfig::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Unreachable {
+                service: "postgres",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("proxy"), "{err}");
+    closer.abort();
+
     let dead_nats = format!("nats://127.0.0.1:{}", free_port());
     let err = Relay::connect(&database_url(), &dead_nats, RelayConfig::default())
         .await
