@@ -319,11 +319,11 @@ async fn unpaced(
         if messages < (statements + 1) * 1_000 {
             continue;
         }
-        let n = sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
-            .execute(&pool)
+        // the statement answers how many rows it deleted (and the newest)
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(statement.clone()))
+            .fetch_one(&pool)
             .await
-            .expect("prune")
-            .rows_affected();
+            .expect("prune");
         statements += 1;
         short += u64::from(n < 1_000);
     }

@@ -86,6 +86,10 @@ pub const ROWS_HELD: &str = "outbox_rows_held";
 pub const GAUGES_REFRESHED_AT: &str = "outbox_gauges_refreshed_at_seconds";
 /// Counter: rows deleted by retention, labelled `table`.
 pub const PRUNED: &str = "outbox_retention_deleted_total";
+/// Gauge: the share of its time a retention pass spends deleting from `table` now, in percent
+/// (`busy_percent` while it keeps up, more while it catches up); 0 once the pass is done with
+/// the table.
+pub const PRUNE_SHARE: &str = "outbox_retention_busy_percent";
 
 /// Counter: deliveries whose handler committed, labelled `consumer`.
 pub const CONSUMER_HANDLED: &str = "outbox_consumer_handled_total";

@@ -191,7 +191,9 @@ async fn a_table_whose_statement_failed_is_tried_again_a_minute_later_in_the_sam
     let lock = hold_outbox_events(pool).await;
     let config = retention::RetentionConfig {
         batch_size: 1,
+        // a fixed pace: rows all consumed at one instant would have the pass catch up at 100%
         busy_percent: 1,
+        max_busy_percent: 1,
         interval: Duration::from_secs(3600),
         ..Default::default()
     };
@@ -319,4 +321,103 @@ async fn a_published_row_locked_elsewhere_is_passed_over_and_every_other_row_pru
     assert_eq!(left, vec![held]);
     operator.rollback().await.unwrap();
     assert_eq!(prune_a_week_without_waiting(pool).await, 1);
+}
+
+/// The largest value gauge `name` showed while `run` ran, sampled every 100 ms on this thread
+/// (the retention task runs here: a current-thread runtime), with a recorder of this test's own.
+async fn highest_gauge_while(name: &str, run: impl std::future::Future<Output = ()>) -> f64 {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let mut highest = 0.0_f64;
+    tokio::pin!(run);
+    loop {
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let (true, DebugValue::Gauge(v)) = (key.key().name() == name, value) {
+                highest = highest.max(v.into_inner());
+            }
+        }
+        tokio::select! {
+            () = &mut run => return highest,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+/// Inserts `n` rows published 8 days ago (outside a 7-day keep), 100 µs apart: three seconds of
+/// published time per 30,000 rows, as a service publishing 10,000 a second leaves them.
+async fn insert_dense_expired(pool: &sqlx::PgPool, n: i64) {
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at) \
+         select gen_random_uuid(), 'ops.row.changed', 'ops', 'ops-' || i, now(), '{}', \
+                now() - interval '9 days', now() - interval '8 days' + i * interval '100 microseconds' \
+           from generate_series(1, $1) as g(i)",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Rows that expired faster than the pass's floor deletes them (published at 10,000 a
+/// second): the pass measures that it moves through their published time slower than the
+/// clock and raises its share above `busy_percent`, and prunes them all; with the ceiling at
+/// the floor the share stays there. The share is read from `outbox_retention_busy_percent`.
+#[tokio::test]
+async fn a_pass_behind_the_rows_expiring_raises_its_share_and_one_at_a_fixed_pace_does_not() {
+    use outbox_runtime::metrics::PRUNE_SHARE;
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    insert_dense_expired(pool, 30_000).await;
+    let config = retention::RetentionConfig {
+        batch_size: 10,
+        busy_percent: 5,
+        keep_dedupe: None,
+        interval: Duration::from_secs(3600),
+        ..Default::default()
+    };
+
+    // fixed at 5%: ten rows a statement, each followed by a pause 19 times as long (here about
+    // 1,000 rows, 0.1 s of published time, a second); stopped after one measuring window and
+    // more, with rows left
+    let fixed = retention::Retention::new(
+        pool.clone(),
+        retention::RetentionConfig {
+            max_busy_percent: 5,
+            ..config.clone()
+        },
+    )
+    .expect("a valid configuration");
+    let highest = highest_gauge_while(PRUNE_SHARE, async {
+        let _ = tokio::time::timeout(Duration::from_secs(8), fixed.run_once()).await;
+    })
+    .await;
+    assert_eq!(highest, 5.0, "a fixed pace stays at its share");
+    let left = retention::count_prunable(pool, Duration::from_secs(7 * 24 * 3600))
+        .await
+        .unwrap();
+    assert!(
+        left > 0,
+        "the fixed pass was stopped before its rows ran out"
+    );
+
+    // following: from 5% up to 100
+    let following = retention::Retention::new(pool.clone(), config).expect("a valid configuration");
+    let mut pruned = 0;
+    let highest = highest_gauge_while(PRUNE_SHARE, async {
+        pruned = following.run_once().await.expect("the pass").0;
+    })
+    .await;
+    assert!(
+        highest > 5.0,
+        "the pass raised its share above its floor of 5 (highest seen: {highest})"
+    );
+    assert_eq!(pruned, left as u64, "the pass pruned every expired row");
+    assert_eq!(
+        retention::count_prunable(pool, Duration::from_secs(7 * 24 * 3600))
+            .await
+            .unwrap(),
+        0
+    );
 }
