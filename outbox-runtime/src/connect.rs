@@ -98,6 +98,12 @@ pub fn postgres_error(database_url: &str, error: sqlx::Error) -> Error {
                 source: reason().into(),
             }
         }
+        // the Unix socket of a server that is down is missing
+        sqlx::Error::Io(e)
+            if e.kind() == std::io::ErrorKind::NotFound && connects_by_socket(database_url) =>
+        {
+            Error::unreachable("postgres", target, reason())
+        }
         // a certificate or key file named by the URL (or PGSSLROOTCERT, ...) is missing
         sqlx::Error::Io(e)
             if matches!(
@@ -116,9 +122,17 @@ pub fn postgres_error(database_url: &str, error: sqlx::Error) -> Error {
             "the database URL `{target}` is not usable: {}",
             reason()
         )),
-        e if crate::relay::is_connection_error(e) => {
-            Error::unreachable("postgres", target, reason())
-        }
+        // the server asks for a login this client cannot give (gss, sspi, a SASL mechanism
+        // other than SCRAM)
+        sqlx::Error::Protocol(text) if text.starts_with("unsupported") => Error::Authentication {
+            service: "postgres",
+            target,
+            fix: "the server's pg_hba.conf asks this user for an authentication method the \
+                      client does not support: give the user scram-sha-256, md5, password, \
+                      trust or cert there"
+                .to_owned(),
+            source: reason().into(),
+        },
         // the connection closed before Postgres answered, or what answered is not Postgres: a
         // proxy (pgbouncer, a load balancer, a Kubernetes Service) in front of a server that
         // is down, or another service on that port
@@ -132,8 +146,18 @@ pub fn postgres_error(database_url: &str, error: sqlx::Error) -> Error {
                 reason()
             ),
         ),
+        e if crate::relay::is_connection_error(e) => {
+            Error::unreachable("postgres", target, reason())
+        }
         _ => Error::Database(error),
     }
+}
+
+/// Whether `database_url` connects through a Unix socket (its host is a directory).
+fn connects_by_socket(database_url: &str) -> bool {
+    database_url
+        .parse::<PgConnectOptions>()
+        .is_ok_and(|o| o.get_socket().is_some())
 }
 
 /// Whether `error` is TLS failing rather than the network: sqlx's TLS errors, and the I/O
@@ -360,6 +384,10 @@ pub fn nats_error(nats_url: &str, error: async_nats::ConnectError) -> Error {
                 .to_owned(),
             source: reason.into(),
         },
+        Kind::ServerParse => Error::Config(format!(
+            "the NATS URL `{target}` is not usable: {reason}; give nats://, tls://, ws:// or \
+             wss:// addresses with a port from 1 to 65535, comma separated"
+        )),
         _ => Error::unreachable("nats", target, reason),
     }
 }

@@ -16,21 +16,26 @@
 //! [`RetentionConfig::busy_percent`] (10% by default), and more while it falls behind the rows
 //! expiring, up to [`RetentionConfig::max_busy_percent`] (100%).
 //!
-//! Rows expire as fast as they were published a keep earlier. Every 5 seconds of full
-//! statements, a pass compares how much published time its rows covered (their `published_at`,
-//! or `consumed_at` for dedupe rows) with the time that passed. At the floor it usually covers
-//! far more: an old backlog, left by retention that did not run, is deleted at the floor and
-//! leaves the database to the service. Where it covers less than twice the time that passed,
-//! it raises its share so that it would (its rate grows with its share), and lowers it again,
-//! down to the floor, once it is ahead. So the table stays bounded whenever the database can
-//! delete rows as fast as the service publishes them with one connection busy at most
-//! `max_busy_percent` of its time. At the floor, one retention task deleted about 1,100 rows a
-//! second on a 12 GB table with its expired rows scattered, 700 beside a relay draining at
-//! full speed (docs/performance.md, *Retention that waits its turn*). Keep one retention task
-//! per database (each takes its own share). A pass takes the published and the dedupe table in
-//! turns, one statement of each, each at its own share. The share in use is the gauge
-//! `outbox_retention_busy_percent` (by `table`). [`prune_published_paced`] and `outbox prune`
-//! keep the share they are given.
+//! Rows expire as fast as they were published a keep earlier. A pass whose rows expired more
+//! than two intervals ago ([`RetentionConfig::interval`]: 2 minutes by default; a pass that
+//! keeps up starts at most one behind) is behind; then, every 5 seconds of full statements, it compares how much
+//! published time its rows covered (their `published_at`, or `consumed_at` for dedupe rows)
+//! with the time that passed, and sets the share that would cover twice as much: more when it
+//! moves slower than that, less (down to the floor) when faster. Less behind, it keeps to its
+//! floor: a pass slowed down by a busy database (a relay draining after an outage)
+//! does not take more of it. So the table stays bounded whenever the database can delete rows
+//! as fast as the service publishes them with one connection busy at most `max_busy_percent`
+//! of its time; the rows left to delete are then a few intervals of the service's. An old
+//! backlog (retention that did not run for a week) is behind too: it is deleted at the share
+//! that covers its published time twice as fast as the clock, which is the floor unless the
+//! service published it faster than the floor deletes. At the floor, one retention task
+//! deleted about 1,100 rows a second on a 12 GB table with its expired rows scattered, 700
+//! beside a relay draining at full speed (docs/performance.md, *Retention that waits its
+//! turn*). Keep one retention task per database (each takes its own share). A pass takes the
+//! published and the dedupe table each at its own share and its own pauses, a statement of one
+//! running in the other's pause. The share in use is the gauge `outbox_retention_busy_percent`
+//! (by `table`; 0 when no pass runs). [`prune_published_paced`] and `outbox prune` keep the
+//! share they are given.
 //!
 //! # Sizing
 //!
@@ -178,7 +183,8 @@ fn pause_after(statement: Duration, percent: u8) -> Duration {
 }
 
 /// The statement [`prune_published`] runs (`$1` the cutoff, `$2` the batch; it returns how
-/// many rows it deleted and the newest `published_at` among them): the oldest rows
+/// many rows it deleted and the newest `published_at` among them, in seconds since 1970, so
+/// that a row written by hand with `-infinity` decodes): the oldest rows
 /// published before the cutoff, through `outbox_events_published_idx`, locked with `skip
 /// locked` (a row another transaction holds is passed over), deleted by their `ctid`s: no
 /// primary-key probe per row, and a locked, published row does not move. Shown for the
@@ -190,7 +196,7 @@ pub const PRUNE_PUBLISHED: &str = "with deleted as ( \
         where published_at is not null and published_at < $1::timestamptz \
         order by published_at limit $2 for update skip locked)) \
      returning published_at) \
-   select count(*), max(published_at) from deleted";
+   select count(*), extract(epoch from max(published_at))::float8 from deleted";
 
 /// Deletes published rows whose `published_at` is older than `keep` (on the database's clock,
 /// when the call starts), `batch` rows per statement, until none is left. Returns how many
@@ -232,9 +238,13 @@ struct Prune {
     statement: &'static str,
     table: Table,
     cutoff: DateTime<Utc>,
+    /// When the cutoff was read: the rows of the cutoff expired this long before now.
+    since: Instant,
     pace: Pace,
     deleted: u64,
     done: bool,
+    /// When its next statement is due (after the pause of the last one).
+    next: Instant,
     /// The last statement's error, and when the prune tries again.
     failed: Option<(Error, Instant)>,
 }
@@ -281,15 +291,25 @@ impl Prune {
     }
 
     fn new(statement: &'static str, table: Table, cutoff: DateTime<Utc>, pace: Pace) -> Prune {
+        let now = Instant::now();
         Prune {
             statement,
             table,
             cutoff,
+            since: now,
             pace,
             deleted: 0,
             done: false,
+            next: now,
             failed: None,
         }
+    }
+
+    /// How long ago the newest row of its last statement (`newest`, in seconds since 1970)
+    /// expired, in seconds: how far behind the rows expiring the prune is.
+    fn behind(&self, newest: f64) -> f64 {
+        let cutoff = self.cutoff.timestamp_micros() as f64 / 1e6;
+        cutoff - newest + self.since.elapsed().as_secs_f64()
     }
 
     /// Whether the prune still deletes: not done, and not waiting after a failed statement.
@@ -297,66 +317,77 @@ impl Prune {
         !self.done && self.failed.is_none()
     }
 
-    /// Whether the prune runs a statement at its turn: not done, and not before its retry.
-    fn due(&self) -> bool {
-        !self.done
-            && self
-                .failed
-                .as_ref()
-                .is_none_or(|(_, at)| *at <= Instant::now())
+    /// When the prune runs its next statement: after its pause, or at its retry.
+    fn due(&self) -> Instant {
+        self.failed.as_ref().map_or(self.next, |(_, at)| *at)
     }
 }
 
-/// Runs the `prunes` in turns, one statement of each, until each has run one that deleted
-/// fewer than `batch` rows, pausing after each so that its statements take the share of the
-/// time its [`Pace`] sets (timed on a connection already taken from the pool: waiting for one
-/// is not the statement's cost). In turns, so that a table with hours of backlog does not hold off the
-/// other. A failed statement is logged naming its table, and its prune tries again after
-/// [`MAX_PAUSE`] while another prune goes on; once none goes on, the first error is returned
-/// (alone, a prune returns its error at once, as the pass's next start tries again). Each
-/// statement's rows count in the metric as it completes (a pass can run for hours at a low
+/// Sets the share gauge of each table to 0 when a pass ends, however it ends (done, an error,
+/// or dropped at shutdown): no share is shown for a pass that no longer runs.
+struct ShareGauges(Vec<&'static str>);
+
+impl Drop for ShareGauges {
+    fn drop(&mut self) {
+        for table in &self.0 {
+            metrics::gauge!(m::PRUNE_SHARE, "table" => *table).set(0.0);
+        }
+    }
+}
+
+/// Runs the `prunes` until each has run a statement that deleted fewer than `batch` rows: each
+/// statement when its prune is due, pausing each prune after its statement so that its
+/// statements take the share of the time its [`Pace`] sets (timed on a connection already
+/// taken from the pool: waiting for one is not the statement's cost). A prune's pause lets the
+/// other's statements run: a table with hours of backlog does not hold off the other, and each
+/// table's share is its own. A failed statement is logged naming its table, and its prune tries
+/// again after [`MAX_PAUSE`] while another prune goes on; once none goes on, the first error is
+/// returned (alone, a prune returns its error at once, as the pass's next start tries again).
+/// Each statement's rows count in the metric as it completes (a pass can run for hours at a low
 /// share), and in its prune's `deleted`; the total is returned. `skip locked` fills a batch
 /// from the rows after a held one, so a short batch means no unheld row is left.
 async fn in_turns(pool: &PgPool, prunes: &mut [Prune], batch: i64) -> Result<u64> {
+    let _shares = ShareGauges(prunes.iter().map(|p| p.table.name).collect());
     while prunes.iter().any(Prune::going) {
-        for i in 0..prunes.len() {
-            let prune = &mut prunes[i];
-            if !prune.due() {
-                continue;
+        // the prune due first (the first of those due at once), done ones aside
+        let Some(i) = (0..prunes.len())
+            .filter(|&i| !prunes[i].done)
+            .min_by_key(|&i| prunes[i].due())
+        else {
+            break;
+        };
+        tokio::time::sleep_until(prunes[i].due()).await;
+        let prune = &mut prunes[i];
+        match delete_once(pool, prune, batch).await {
+            Ok((n, newest, took)) => {
+                prune.failed = None;
+                let table = prune.table.name;
+                metrics::counter!(m::PRUNED, "table" => table).increment(n);
+                prune.deleted += n;
+                if n < batch as u64 {
+                    prune.done = true;
+                    metrics::gauge!(m::PRUNE_SHARE, "table" => table).set(0.0);
+                    continue;
+                }
+                let now = Instant::now();
+                let share = match newest {
+                    Some(newest) => prune.pace.after(now, newest, prune.behind(newest)),
+                    None => prune.pace.share,
+                };
+                metrics::gauge!(m::PRUNE_SHARE, "table" => table).set(f64::from(share));
+                prune.next = now + pause_after(took, share);
             }
-            match delete_once(pool, prune, batch).await {
-                Ok((n, newest, took)) => {
-                    prune.failed = None;
-                    let table = prune.table.name;
-                    metrics::counter!(m::PRUNED, "table" => table).increment(n);
-                    prune.deleted += n;
-                    if n < batch as u64 {
-                        prune.done = true;
-                        metrics::gauge!(m::PRUNE_SHARE, "table" => table).set(0.0);
-                        continue;
-                    }
-                    let share = match newest {
-                        Some(newest) => prune.pace.after(Instant::now(), newest),
-                        None => prune.pace.share,
-                    };
-                    metrics::gauge!(m::PRUNE_SHARE, "table" => table).set(f64::from(share));
-                    let pause = pause_after(took, share);
-                    if !pause.is_zero() {
-                        tokio::time::sleep(pause).await;
-                    }
+            Err(e) => {
+                let table = prune.table.name;
+                let others_go = prunes.iter().enumerate().any(|(j, p)| j != i && p.going());
+                if others_go {
+                    tracing::warn!(
+                        table,
+                        error = %e,
+                        "retention could not delete from {table}; the pass goes on with the other table and tries again in a minute"
+                    );
                 }
-                Err(e) => {
-                    let table = prune.table.name;
-                    let others_go = prunes.iter().enumerate().any(|(j, p)| j != i && p.going());
-                    if others_go {
-                        tracing::warn!(
-                            table,
-                            error = %e,
-                            "retention could not delete from {table}; the pass goes on with the other table and tries again in a minute"
-                        );
-                    }
-                    prunes[i].failed = Some((e, Instant::now() + MAX_PAUSE));
-                }
+                prunes[i].failed = Some((e, Instant::now() + MAX_PAUSE));
             }
         }
     }
@@ -367,15 +398,16 @@ async fn in_turns(pool: &PgPool, prunes: &mut [Prune], batch: i64) -> Result<u64
 }
 
 /// One of `prune`'s statements: the rows it deleted, the newest time among them
-/// (`published_at` or `consumed_at`), and how long it took once it had its connection.
+/// (`published_at` or `consumed_at`, in seconds since 1970; infinite for a row written by
+/// hand with `-infinity`), and how long it took once it had its connection.
 async fn delete_once(
     pool: &PgPool,
     prune: &Prune,
     batch: i64,
-) -> Result<(u64, Option<DateTime<Utc>>, Duration)> {
+) -> Result<(u64, Option<f64>, Duration)> {
     let mut conn = pool.acquire().await?;
     let started = Instant::now();
-    let (n, newest): (i64, Option<DateTime<Utc>>) = sqlx::query_as(prune.statement)
+    let (n, newest): (i64, Option<f64>) = sqlx::query_as(prune.statement)
         .bind(prune.cutoff)
         .bind(batch)
         .fetch_one(&mut *conn)
@@ -384,56 +416,68 @@ async fn delete_once(
     Ok((n.unsigned_abs(), newest, started.elapsed()))
 }
 
-/// How much faster than the clock a pass that keeps up moves through its table's time (the
-/// `published_at` or `consumed_at` of the rows it deletes): twice, so that a pass that fell
-/// behind by a minute catches up within a minute, while rows keep expiring at the rate they
-/// were published.
+/// How much faster than the clock a pass that catches up moves through its table's time (the
+/// `published_at` or `consumed_at` of the rows it deletes): twice, so that it gains on the
+/// rows expiring (which expire as fast as they were published a keep earlier) by a second
+/// every second.
 const PACE_TARGET: f64 = 2.0;
 
 /// How long a prune runs at one share before it measures its progress and sets the next.
 const PACE_WINDOW: Duration = Duration::from_secs(5);
 
-/// A prune's share of the time: at least `floor`, at most `ceiling`, between them the share
-/// that moves it through its table's time [`PACE_TARGET`] times as fast as the clock. Rows
-/// expire as fast as they were published (or consumed) a keep earlier, so a prune that moves
-/// slower than the clock falls further behind with every second, and one that moves faster
-/// deletes rows as fast as they expire and catches up with those that wait. Every
-/// [`PACE_WINDOW`] of full statements it compares the table time its rows covered with the
-/// time that passed and scales its share by how far that is from the target (its rate grows
-/// with its share: the pause after a statement is what the share sets).
+/// A prune's share of the time: `floor` while it keeps up with the rows expiring; while it is
+/// more than `allowance` behind them, the share that moves it through its table's time
+/// [`PACE_TARGET`] times as fast as the clock, at most `ceiling`. Every [`PACE_WINDOW`] of full
+/// statements it compares the table time its rows covered with the time that passed and
+/// scales its share by how far that is from the target (its rate grows with its share: the
+/// pause after a statement is what the share sets).
 #[derive(Debug, Clone)]
 struct Pace {
     floor: u8,
     ceiling: u8,
+    /// How far behind the rows expiring the prune may be before it takes more than its floor,
+    /// in seconds (two intervals of a [`Retention`]: a pass that keeps up starts at most one
+    /// behind). Within it, a pass slowed by a busy database (a relay draining) keeps to its
+    /// floor.
+    allowance: f64,
     share: u8,
-    /// When the window began, and the newest row time deleted then.
-    window: Option<(Instant, DateTime<Utc>)>,
+    /// When the window began, and the newest row time deleted then (seconds since 1970).
+    window: Option<(Instant, f64)>,
 }
 
 impl Pace {
     /// Always `share` (`outbox prune`, [`prune_published_paced`]).
     fn fixed(share: u8) -> Pace {
-        Pace::following(share, share)
+        Pace::following(share, share, Duration::ZERO)
     }
 
-    /// From `floor` to `ceiling` (a [`Retention`] pass), starting at `floor`.
-    fn following(floor: u8, ceiling: u8) -> Pace {
+    /// From `floor` to `ceiling` (a [`Retention`] pass) once more than `allowance` behind,
+    /// starting at `floor`.
+    fn following(floor: u8, ceiling: u8, allowance: Duration) -> Pace {
         Pace {
             floor,
             ceiling: ceiling.max(floor),
+            allowance: allowance.as_secs_f64(),
             share: floor,
             window: None,
         }
     }
 
-    /// The share for the pause after a full statement that ended `now` and whose newest row
-    /// is from `newest`.
-    fn after(&mut self, now: Instant, newest: DateTime<Utc>) -> u8 {
+    /// The share for the pause after a full statement that ended `now`, whose newest row is
+    /// from `newest` (seconds since 1970) and expired `behind` seconds ago. A time that is not
+    /// finite (a row written by hand with `-infinity`) measures nothing.
+    fn after(&mut self, now: Instant, newest: f64, behind: f64) -> u8 {
+        if !newest.is_finite() {
+            return self.share;
+        }
         match self.window {
             Some((since, from)) if now.duration_since(since) >= PACE_WINDOW => {
-                let wall = now.duration_since(since).as_secs_f64();
-                let covered = (newest - from).to_std().unwrap_or_default().as_secs_f64();
-                self.share = next_share(self.share, wall, covered).clamp(self.floor, self.ceiling);
+                self.share = if behind < self.allowance {
+                    self.floor
+                } else {
+                    let wall = now.duration_since(since).as_secs_f64();
+                    next_share(self.share, wall, newest - from).clamp(self.floor, self.ceiling)
+                };
                 self.window = Some((now, newest));
             }
             Some(_) => {}
@@ -445,8 +489,11 @@ impl Pace {
 
 /// The share that would have moved a prune through `covered` seconds of its table's time in
 /// `wall` seconds at [`PACE_TARGET`], given it ran at `share`: `share * PACE_TARGET * wall /
-/// covered`, rounded up, at most 100 (no table time covered at all: 100).
+/// covered`, rounded up, from 1 to 100 (no table time covered: 100).
 fn next_share(share: u8, wall: f64, covered: f64) -> u8 {
+    if covered <= 0.0 {
+        return 100;
+    }
     let wanted = f64::from(share) * PACE_TARGET * wall / covered;
     if wanted.is_finite() {
         wanted.ceil().clamp(1.0, 100.0) as u8
@@ -473,7 +520,7 @@ const PRUNE_DEDUPE: &str = "with deleted as ( \
         where consumed_at < $1 \
         order by consumed_at limit $2 for update skip locked)) \
      returning consumed_at) \
-   select count(*), max(consumed_at) from deleted";
+   select count(*), extract(epoch from max(consumed_at))::float8 from deleted";
 
 /// Deletes dedupe rows (`outbox_consumed`) older than `keep`, in batches, passing over rows
 /// other transactions hold, as [`prune_published`] does, without pausing
@@ -526,8 +573,8 @@ impl Retention {
         Ok(Self { pool, config })
     }
 
-    /// One pass: prunes published rows and dedupe rows in turns, one statement of each,
-    /// pausing between statements, so that hours of published backlog do not hold off dedupe
+    /// One pass: prunes published rows and dedupe rows, each at its own pace, a statement of
+    /// one in the pause of the other, so that hours of published backlog do not hold off dedupe
     /// pruning. A statement that fails on one table does not stop the other: it is logged
     /// (at warn, naming the table), the table is tried again a minute later while the other
     /// goes on, and once neither goes on the first error is returned. Returns `(published,
@@ -536,7 +583,7 @@ impl Retention {
         let c = &self.config;
         let mut prunes = Vec::with_capacity(2);
         let mut failed = None;
-        let pace = Pace::following(c.busy_percent, c.max_busy_percent);
+        let pace = Pace::following(c.busy_percent, c.max_busy_percent, c.interval * 2);
         match Prune::published(&self.pool, c.keep_published, pace.clone()).await {
             Ok(prune) => prunes.push(prune),
             Err(e) => failed = Some(e),
@@ -611,28 +658,45 @@ mod tests {
         assert_eq!(next_share(40, 5.0, 20.0), 20);
         // far ahead: down to 1 (the pace clamps it to its floor)
         assert_eq!(next_share(10, 5.0, 3_600.0), 1);
-        // rows all published at the same instant: no table time covered at all
+        // rows all published at the same instant: no table time covered at all, or less
         assert_eq!(next_share(10, 5.0, 0.0), 100);
+        assert_eq!(next_share(10, 5.0, -1.0), 100);
     }
 
     #[test]
     fn a_pace_measures_over_its_window_and_stays_within_its_floor_and_ceiling() {
         let start = Instant::now();
-        let t0 = Utc::now();
         let secs = |s: u64| start + Duration::from_secs(s);
-        let table = |s: i64| t0 + chrono::Duration::seconds(s);
-        let mut pace = Pace::following(10, 60);
-        assert_eq!(pace.after(secs(0), table(0)), 10, "starts at its floor");
+        // an hour behind: catching up
+        let behind = 3_600.0;
+        let mut pace = Pace::following(10, 60, Duration::from_secs(120));
+        assert_eq!(pace.after(secs(0), 0.0, behind), 10, "starts at its floor");
         // within the window: unchanged, however slow
-        assert_eq!(pace.after(secs(4), table(0)), 10);
+        assert_eq!(pace.after(secs(4), 0.0, behind), 10);
         // 5 s covered 1 s of table time: wants 100, held at the ceiling
-        assert_eq!(pace.after(secs(5), table(1)), 60);
+        assert_eq!(pace.after(secs(5), 1.0, behind), 60);
         // 5 s covered 60 s at 60%: wants 10
-        assert_eq!(pace.after(secs(10), table(61)), 10);
+        assert_eq!(pace.after(secs(10), 61.0, behind), 10);
+        // a time that is not finite measures nothing
+        assert_eq!(pace.after(secs(20), f64::NEG_INFINITY, behind), 10);
         // a fixed pace never moves
         let mut fixed = Pace::fixed(10);
-        fixed.after(secs(0), table(0));
-        assert_eq!(fixed.after(secs(5), table(0)), 10);
+        fixed.after(secs(0), 0.0, behind);
+        assert_eq!(fixed.after(secs(5), 0.0, behind), 10);
+    }
+
+    #[test]
+    fn a_pace_less_than_its_allowance_behind_keeps_to_its_floor() {
+        let start = Instant::now();
+        let secs = |s: u64| start + Duration::from_secs(s);
+        let mut pace = Pace::following(10, 100, Duration::from_secs(120));
+        // rows that expired a minute ago, deleted slower than the clock (a busy database)
+        pace.after(secs(0), 0.0, 60.0);
+        assert_eq!(pace.after(secs(5), 1.0, 60.0), 10);
+        // ten minutes behind, as slow: it catches up
+        assert_eq!(pace.after(secs(10), 2.0, 600.0), 100);
+        // back within the allowance: down to its floor
+        assert_eq!(pace.after(secs(15), 200.0, 100.0), 10);
     }
 
     #[test]

@@ -28,7 +28,8 @@
 //! searched capacity: `--rate=1000` for the latency figures, `--rate=10` for a quiet service),
 //! `--connections=N` and `--per-tx=N` (one shape instead of four), `--subjects=N` (default
 //! 10,000), `--keep-secs=N` (retention's keep of published rows, default 60; dedupe rows twice
-//! that), `--max-p50-ms=N` (the search's latency bound, default 50), `--drain-secs=N` (how
+//! that), `--retention-max-busy=N` (retention's `max_busy_percent`, default 100: give 10 for
+//! the fixed pace of its floor), `--max-p50-ms=N` (the search's latency bound, default 50), `--drain-secs=N` (how
 //! long the end waits for the relays and readers to catch up, default 60), `--cluster` (three
 //! private nats-servers and an R3 stream instead of one), `--outbox-bin=PATH` (the relays'
 //! binary; default the one next to this binary, built first when run through cargo).
@@ -78,6 +79,7 @@ struct Options {
     shapes: Vec<Shape>,
     subjects: usize,
     keep: Duration,
+    retention_max_busy: u8,
     max_p50_ms: f64,
     drain: Duration,
     cluster: bool,
@@ -123,6 +125,10 @@ impl Options {
             shapes,
             subjects,
             keep: Duration::from_secs(common::option("keep-secs").unwrap_or(60).max(2)),
+            retention_max_busy: common::option("retention-max-busy")
+                .map_or(RetentionConfig::default().max_busy_percent, |p| {
+                    p.clamp(1, 100) as u8
+                }),
             max_p50_ms: common::option("max-p50-ms").unwrap_or(50) as f64,
             drain: Duration::from_secs(common::option("drain-secs").unwrap_or(60)),
             cluster: std::env::args().skip(2).any(|a| a == "--cluster"),
@@ -404,6 +410,10 @@ async fn soak(options: Options) -> bool {
             redelivery_window: options.keep / 2,
             max_outage: options.keep / 2,
             ..Default::default()
+        };
+        let config = RetentionConfig {
+            max_busy_percent: options.retention_max_busy.max(config.busy_percent),
+            ..config
         };
         let task = Retention::new(pool(&db, 2, "soak-retention").await, config)
             .expect("the retention configuration");

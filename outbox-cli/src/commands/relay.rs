@@ -120,7 +120,11 @@ async fn start(db: &DbArgs, nats: &NatsArgs, config: RelayConfig) -> Result<Rela
         match Relay::connect_with(database_url, nats_url, &auth, config.clone()).await {
             Ok(relay) => return Ok(relay),
             Err(e) if worth_retrying(&e) => {
-                let error = CliError::relay_start(database_url, nats_url, e);
+                let error = match e {
+                    // the start-up checks' statements: Postgres starting, out of connections
+                    e @ outbox_runtime::Error::Database(_) => CliError::postgres(database_url, e),
+                    e => CliError::relay_start(database_url, nats_url, e),
+                };
                 tracing::warn!(retry_in = ?wait, "{error}");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(START_RETRY_MAX);
@@ -131,12 +135,18 @@ async fn start(db: &DbArgs, nats: &NatsArgs, config: RelayConfig) -> Result<Rela
 }
 
 /// Whether a start attempt that failed with `error` may succeed later without anyone changing
-/// anything: a server that does not answer, or a Postgres error of the kind
+/// anything: a server that does not answer, a NATS server whose JetStream does not answer yet
+/// (a cluster electing its leaders), or a Postgres error of the kind
 /// [`is_transient`](outbox_runtime::consumer::is_transient) names (the connection lost,
 /// `57P03` starting up, too many connections).
 fn worth_retrying(error: &outbox_runtime::Error) -> bool {
-    matches!(error, outbox_runtime::Error::Unreachable { .. })
-        || outbox_runtime::consumer::is_transient(error)
+    use outbox_runtime::Error;
+    match error {
+        Error::Unreachable { .. } => true,
+        // an answer with an error (the account has no JetStream) is no reason to wait
+        Error::JetStream { source, .. } => source.is_some(),
+        e => outbox_runtime::consumer::is_transient(e),
+    }
 }
 
 /// A Prometheus exporter with the buckets of every histogram the runtime records

@@ -61,6 +61,14 @@ async fn unreachable_services_are_named_with_the_redacted_url_and_the_fix() {
         stderr.contains("stopped before the relay started"),
         "{stderr}"
     );
+    // a URL that cannot work is not waited for
+    let out = run(relay_args(&db_url(&db), "nats://127.0.0.1:99999", &[])).await;
+    out.expect_code(2).assert_clean();
+    assert!(
+        out.stderr.contains("the NATS URL `nats://127.0.0.1:99999` is not usable"),
+        "{}",
+        out.stderr
+    );
     let mut cmd = outbox();
     cmd.args([
         "tail",

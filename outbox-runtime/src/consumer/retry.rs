@@ -26,8 +26,7 @@ use crate::table::CONSUMER_ATTEMPTS;
 pub struct Transient(pub Box<dyn StdError + Send + Sync>);
 
 /// Whether `error` (or an error in its `source` chain) is transient: a [`Transient`], or a
-/// database error that says nothing about the event: the connection or pool failed (a
-/// protocol error among them: the stream closed or garbled mid-message), or
+/// database error that says nothing about the event: the connection or pool failed, or
 /// Postgres aborted the transaction for concurrency or resource reasons (SQLSTATE class `08`
 /// connection exception, class `40` transaction rollback, `40001` serialization failure and
 /// `40P01` deadlock among them, `55P03` lock not available, `57014` statement timeout or
@@ -53,7 +52,6 @@ pub fn is_transient(error: &(dyn StdError + 'static)) -> bool {
 fn sqlx_is_transient(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_)
-        | sqlx::Error::Protocol(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed

@@ -421,3 +421,35 @@ async fn a_pass_behind_the_rows_expiring_raises_its_share_and_one_at_a_fixed_pac
         0
     );
 }
+
+/// Rows written by hand with any value the column allows: one published at `-infinity` (the
+/// oldest of all, deleted first and alone in its statement) and one at `infinity` (never
+/// expired). The pass measures nothing from the first, deletes it with the others, keeps the
+/// second.
+#[tokio::test]
+async fn a_row_published_at_minus_infinity_is_pruned_and_one_at_infinity_is_kept() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    insert_expired(pool, 20).await;
+    sqlx::query(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at) \
+         values (gen_random_uuid(), 'ops.row.changed', 'ops', 'ops-a', now(), '{}', now(), '-infinity'), \
+                (gen_random_uuid(), 'ops.row.changed', 'ops', 'ops-b', now(), '{}', now(), 'infinity')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let config = retention::RetentionConfig {
+        batch_size: 1,
+        busy_percent: 100,
+        keep_dedupe: None,
+        ..Default::default()
+    };
+    let task = retention::Retention::new(pool.clone(), config).expect("a valid configuration");
+    assert_eq!(task.run_once().await.unwrap(), (21, 0));
+    let left: Vec<String> = sqlx::query_scalar("select published_at::text from outbox_events")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["infinity"]);
+}
