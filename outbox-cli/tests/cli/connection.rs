@@ -65,7 +65,8 @@ async fn unreachable_services_are_named_with_the_redacted_url_and_the_fix() {
     let out = run(relay_args(&db_url(&db), "nats://127.0.0.1:99999", &[])).await;
     out.expect_code(2).assert_clean();
     assert!(
-        out.stderr.contains("the NATS URL `nats://127.0.0.1:99999` is not usable"),
+        out.stderr
+            .contains("the NATS URL `nats://127.0.0.1:99999` is not usable"),
         "{}",
         out.stderr
     );
