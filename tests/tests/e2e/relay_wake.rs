@@ -332,11 +332,15 @@ async fn of_two_relays_behind_one_emit_the_lease_holder_publishes_every_row() {
         || async { notify_lock(&ctx).await == (1, 0) },
     )
     .await;
-    let mut by_relay = Vec::new();
-    for (relay, (stop, running)) in relays {
+    // read before stopping: once the holder stops and gives the lease up, the other takes it
+    // over and claims (an empty batch) before its own stop arrives
+    let mut by_relay: Vec<(u64, u64)> = relays
+        .iter()
+        .map(|(relay, _)| (relay.stats().published, relay.stats().claims))
+        .collect();
+    for (_, (stop, running)) in relays {
         stop.send(()).unwrap();
         running.await.unwrap();
-        by_relay.push((relay.stats().published, relay.stats().claims));
     }
     by_relay.sort();
     assert_eq!(
