@@ -350,12 +350,10 @@ async fn in_turns(pool: &PgPool, prunes: &mut [Prune], batch: i64) -> Result<u64
     let _shares = ShareGauges(prunes.iter().map(|p| p.table.name).collect());
     while prunes.iter().any(Prune::going) {
         // the prune due first (the first of those due at once), done ones aside
-        let Some(i) = (0..prunes.len())
+        let i = (0..prunes.len())
             .filter(|&i| !prunes[i].done)
             .min_by_key(|&i| prunes[i].due())
-        else {
-            break;
-        };
+            .expect("a prune that goes on is not done");
         tokio::time::sleep_until(prunes[i].due()).await;
         let prune = &mut prunes[i];
         match delete_once(pool, prune, batch).await {
@@ -494,12 +492,10 @@ fn next_share(share: u8, wall: f64, covered: f64) -> u8 {
     if covered <= 0.0 {
         return 100;
     }
-    let wanted = f64::from(share) * PACE_TARGET * wall / covered;
-    if wanted.is_finite() {
-        wanted.ceil().clamp(1.0, 100.0) as u8
-    } else {
-        100
-    }
+    // an infinite quotient (a covered time next to nothing) clamps to 100 too
+    (f64::from(share) * PACE_TARGET * wall / covered)
+        .ceil()
+        .clamp(1.0, 100.0) as u8
 }
 
 /// How many published rows [`prune_published`] would delete now (a dry run).

@@ -234,13 +234,21 @@ async fn a_table_whose_statement_failed_is_tried_again_a_minute_later_in_the_sam
 
 /// Inserts `n` published rows of subject `ops-<i>`, published 9 days ago (outside a 7-day keep).
 async fn insert_expired(pool: &sqlx::PgPool, n: i64) {
+    insert_published_every(pool, n, -9.0 * 86_400.0, -1.0).await;
+}
+
+/// Inserts `n` published rows, row `i` (from 1) published `start + i * step` seconds from now.
+async fn insert_published_every(pool: &sqlx::PgPool, n: i64, start: f64, step: f64) {
     sqlx::query(
         "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at) \
          select gen_random_uuid(), 'ops.row.changed', 'ops', 'ops-' || i, now(), '{}', \
-                now() - interval '10 days', now() - interval '9 days' - i * interval '1 second' \
+                now() - interval '10 days', \
+                now() + make_interval(secs => $2) + i * make_interval(secs => $3) \
            from generate_series(1, $1) as g(i)",
     )
     .bind(n)
+    .bind(start)
+    .bind(step)
     .execute(pool)
     .await
     .unwrap();
@@ -348,16 +356,7 @@ async fn highest_gauge_while(name: &str, run: impl std::future::Future<Output = 
 /// Inserts `n` rows published 8 days ago (outside a 7-day keep), 100 µs apart: three seconds of
 /// published time per 30,000 rows, as a service publishing 10,000 a second leaves them.
 async fn insert_dense_expired(pool: &sqlx::PgPool, n: i64) {
-    sqlx::query(
-        "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at) \
-         select gen_random_uuid(), 'ops.row.changed', 'ops', 'ops-' || i, now(), '{}', \
-                now() - interval '9 days', now() - interval '8 days' + i * interval '100 microseconds' \
-           from generate_series(1, $1) as g(i)",
-    )
-    .bind(n)
-    .execute(pool)
-    .await
-    .unwrap();
+    insert_published_every(pool, n, -8.0 * 86_400.0, 0.000_1).await;
 }
 
 /// Rows that expired faster than the pass's floor deletes them (published at 10,000 a
