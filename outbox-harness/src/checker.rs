@@ -11,6 +11,7 @@ use crate::history::{
     since, EventRecord, Fault, Outcome, PoisonRecord, Recorded, RelayEnd, Role, Time,
 };
 use crate::schedule::{Insert, Path, PoisonKind};
+use crate::servers::RETENTION_ROLE;
 use crate::workload::HELD_MANY_SUBJECT;
 
 mod bound;
@@ -40,11 +41,14 @@ pub enum Property {
     Attempts,
     /// A frozen relay's sessions let go of their locks in time.
     LocksReleased,
+    /// Only the retention task deleted rows, each published at least its keep before; its
+    /// passes failed only around a Postgres outage, and it never panicked.
+    Pruned,
 }
 
 impl Property {
     /// Every property, in the order the report gives them.
-    pub const ALL: [Property; 8] = [
+    pub const ALL: [Property; 9] = [
         Property::Delivered,
         Property::CommittedOnly,
         Property::Order,
@@ -53,6 +57,7 @@ impl Property {
         Property::RelaysAlive,
         Property::Attempts,
         Property::LocksReleased,
+        Property::Pruned,
     ];
 
     /// Its name in reports.
@@ -66,6 +71,7 @@ impl Property {
             Property::RelaysAlive => "relays-alive",
             Property::Attempts => "attempts",
             Property::LocksReleased => "locks-released",
+            Property::Pruned => "pruned",
         }
     }
 }
@@ -148,6 +154,7 @@ impl<'a> Checker<'a> {
         out.extend(self.relays_alive());
         out.extend(self.attempts());
         out.extend(self.locks_released());
+        out.extend(self.pruned());
         out
     }
 
@@ -689,6 +696,78 @@ impl<'a> Checker<'a> {
             })
             .collect()
     }
+
+    /// P9: every deleted row was deleted by the retention task's role, published at least the
+    /// task's keep before the delete (on the database's clock, as retention's cutoff); every
+    /// failed pass of the task fell in a Postgres outage or within R after it; the task did
+    /// not panic.
+    fn pruned(&self) -> Vec<Violation> {
+        let mut out = Vec::new();
+        let retention = self.rec.retention.as_ref();
+        for (id, row) in &self.fin.rows {
+            let Some((at, by)) = &row.pruned else {
+                continue;
+            };
+            let why = match (retention, row.published_at) {
+                _ if by != RETENTION_ROLE => format!("by role {by}, not {RETENTION_ROLE}"),
+                (None, _) => "while the run had no retention task".to_owned(),
+                (Some(_), None) => "while it was not published".to_owned(),
+                (Some(r), Some(published)) => {
+                    let age = *at - published;
+                    if age >= chrono::Duration::from_std(r.keep).expect("short") {
+                        continue;
+                    }
+                    format!(
+                        "{:.3} s after it was published at {:+.1} s, under the keep of {:.3} s",
+                        age.num_milliseconds() as f64 / 1000.0,
+                        since(self.origin, published),
+                        r.keep.as_secs_f64()
+                    )
+                }
+            };
+            out.push(Violation {
+                property: Property::Pruned,
+                what: format!(
+                    "{id} (subject {}) was deleted at {:+.1} s {why}",
+                    row.subject,
+                    since(self.origin, *at)
+                ),
+                subjects: vec![row.subject.clone()],
+                ids: vec![*id],
+                span: Some((*at, *at)),
+            });
+        }
+        let Some(r) = retention else { return out };
+        for (at, why) in &r.failed {
+            let excused = self.rec.faults.iter().any(|f| {
+                matches!(f.fault, Fault::PgDown(_))
+                    && f.start <= *at
+                    && add(f.end.unwrap_or(self.healed), self.bounds.recovery) >= *at
+            });
+            if !excused {
+                out.push(Violation {
+                    property: Property::Pruned,
+                    what: format!(
+                        "a retention pass failed at {:+.1} s, with Postgres up: {why}",
+                        since(self.origin, *at)
+                    ),
+                    subjects: Vec::new(),
+                    ids: Vec::new(),
+                    span: Some((*at, *at)),
+                });
+            }
+        }
+        if let Some((at, why)) = &r.died {
+            out.push(Violation {
+                property: Property::Pruned,
+                what: format!("the retention task panicked: {why}"),
+                subjects: Vec::new(),
+                ids: Vec::new(),
+                span: Some((*at, *at)),
+            });
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -701,7 +780,7 @@ mod tests {
     use chrono::{TimeZone, Utc};
 
     use super::*;
-    use crate::history::{FaultRecord, LockSample, RelayRecord};
+    use crate::history::{FaultRecord, LockSample, RelayRecord, RetentionRecord};
     use crate::schedule::{CreatedAt, FreezeHow, RelayKind, Shape};
 
     fn t(secs: f64) -> Time {
@@ -771,6 +850,7 @@ mod tests {
                     created_at: String::new(),
                     published_at: stored.map(t),
                     attempts: 0,
+                    pruned: None,
                 },
             );
             if let Some(s) = stored {
@@ -950,6 +1030,7 @@ mod tests {
                 created_at: String::new(),
                 published_at: None,
                 attempts: 0,
+                pruned: None,
             },
         );
         assert_eq!(case.violated(), [Property::Held], "not held");
@@ -1090,5 +1171,43 @@ mod tests {
         assert!(case.check().is_empty(), "10 s into the freeze");
         case.rec.locks.push(sample(26.0));
         assert_eq!(case.violated(), [Property::LocksReleased]);
+    }
+
+    #[test]
+    fn pruned_refuses_a_row_deleted_early_unpublished_or_by_another_role_and_a_failed_pass() {
+        let mut case = Case::new();
+        case.event(1, "s", 1.0, Some(3.0));
+        let retention = || RetentionRecord {
+            keep: Duration::from_secs(5),
+            failed: Vec::new(),
+            deleted: 1,
+            died: None,
+        };
+        let prune = |case: &mut Case, at: f64, by: &str| {
+            case.fin.rows.get_mut(&id(1)).unwrap().pruned = Some((t(at), by.into()));
+        };
+        prune(&mut case, 9.0, RETENTION_ROLE);
+        assert_eq!(case.violated(), [Property::Pruned], "no retention task");
+        case.rec.retention = Some(retention());
+        assert!(case.check().is_empty(), "{:?}", case.check());
+        prune(&mut case, 7.0, RETENTION_ROLE);
+        assert_eq!(case.violated(), [Property::Pruned], "4 s after its publish");
+        prune(&mut case, 9.0, "root");
+        assert_eq!(case.violated(), [Property::Pruned], "another role");
+        prune(&mut case, 9.0, RETENTION_ROLE);
+        case.fin.rows.get_mut(&id(1)).unwrap().published_at = None;
+        assert!(case.violated().contains(&Property::Pruned), "unpublished");
+
+        let mut case = Case::new();
+        case.rec.retention = Some(retention());
+        case.rec.retention.as_mut().unwrap().failed = vec![(t(20.0), "connection refused".into())];
+        assert_eq!(case.violated(), [Property::Pruned], "Postgres was up");
+        case.fault(Fault::PgDown(true), 5.0, 12.0);
+        assert!(case.check().is_empty(), "within R of the outage");
+        case.rec.retention.as_mut().unwrap().failed[0].0 = t(30.0);
+        assert_eq!(case.violated(), [Property::Pruned], "past R");
+        case.rec.retention.as_mut().unwrap().failed.clear();
+        case.rec.retention.as_mut().unwrap().died = Some((t(40.0), "a panic".into()));
+        assert_eq!(case.violated(), [Property::Pruned], "it panicked");
     }
 }

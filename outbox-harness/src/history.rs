@@ -211,6 +211,19 @@ pub struct LockSample {
     pub lock: String,
 }
 
+/// The retention task of a run.
+#[derive(Debug, Clone)]
+pub struct RetentionRecord {
+    /// Its `keep_published`.
+    pub keep: std::time::Duration,
+    /// Its passes that failed: when, and why.
+    pub failed: Vec<(Time, String)>,
+    /// Rows it deleted, by its passes' counts.
+    pub deleted: u64,
+    /// How it ended: `None` while it runs or when the harness stopped it; a panic otherwise.
+    pub died: Option<(Time, String)>,
+}
+
 /// Everything recorded during a run.
 #[derive(Debug, Default)]
 pub struct Recorded {
@@ -224,6 +237,8 @@ pub struct Recorded {
     pub poisons: Vec<PoisonRecord>,
     /// Locks seen held by frozen relays.
     pub locks: Vec<LockSample>,
+    /// The retention task, if the run had one.
+    pub retention: Option<RetentionRecord>,
     /// Every operation as it ran, in words.
     pub log: Vec<(Time, String)>,
 }
@@ -252,6 +267,23 @@ impl History {
 
     fn with<T>(&self, f: impl FnOnce(&mut Recorded) -> T) -> T {
         f(&mut self.inner.lock().expect("the history"))
+    }
+
+    /// Changes the record of the retention task (made by [`History::retention_started`]).
+    pub fn retention(&self, f: impl FnOnce(&mut RetentionRecord)) {
+        self.with(|r| r.retention.as_mut().map(f));
+    }
+
+    /// The retention task starts, keeping published rows `keep`.
+    pub fn retention_started(&self, keep: std::time::Duration) {
+        self.with(|r| {
+            r.retention = Some(RetentionRecord {
+                keep,
+                failed: Vec::new(),
+                deleted: 0,
+                died: None,
+            })
+        });
     }
 
     /// A line of the operations log.
@@ -393,6 +425,7 @@ impl History {
             relays: r.relays.clone(),
             poisons: r.poisons.clone(),
             locks: r.locks.clone(),
+            retention: r.retention.clone(),
             log: r.log.clone(),
         })
     }

@@ -7,7 +7,7 @@
 //! against a Postgres and nats-servers of its own ([`servers`]), with every relay behind
 //! proxies that can silence or cut its paths ([`proxy`]), records what happened
 //! ([`history`]), and when every fault has healed, judges the relay's promises one property
-//! at a time ([`checker`]). The same seed draws the same schedule.
+//! at a time ([`checker`]). Most runs also delete published rows as they go ([`retention`]). The same seed draws the same schedule.
 //!
 //! The relay is driven through its public surfaces only: `Relay::connect` and `Relay::run`,
 //! the `outbox relay` and `outbox unblock` commands, the contract's tables and the streams.
@@ -18,6 +18,7 @@ pub mod ops;
 pub mod proxy;
 pub mod relays;
 pub mod report;
+pub mod retention;
 pub mod rng;
 pub mod schedule;
 pub mod servers;
@@ -35,6 +36,7 @@ use crate::checker::{Bounds, Checker, Final};
 use crate::history::{History, Recorded};
 use crate::relays::Fleet;
 use crate::report::SeedResult;
+use crate::retention::RetentionTask;
 use crate::schedule::{Focus, RelayKind, RelayMode, Settings, Topology};
 use crate::servers::Servers;
 use crate::workload::Workload;
@@ -224,6 +226,9 @@ async fn execute(
     let history = Arc::new(History::new());
     let start = Instant::now();
     let fleet = Arc::new(Fleet::new(&servers, history.clone(), schedule.lanes, logs.clone()).await);
+    let retention = schedule
+        .retention
+        .map(|plan| RetentionTask::start(&servers, history.clone(), plan));
     let workload = Arc::new(Workload::new(servers.clone(), history.clone(), start));
     let run = Arc::new(ops::Run::new(
         servers.clone(),
@@ -265,6 +270,9 @@ async fn execute(
     settle(&servers, &history, &bounds).await;
 
     fleet.stop_all(bounds.stop).await;
+    if let Some(retention) = retention {
+        retention.stop(&history).await;
+    }
     let _ = stop_monitor.send(true);
     while monitor.join_next().await.is_some() {}
     history.note("every relay stopped; reading the final state");
@@ -362,8 +370,9 @@ fn stats(rec: &Recorded, fin: &Final, healed: chrono::DateTime<Utc>) -> String {
         .count();
     let unique: std::collections::HashSet<_> = fin.messages.iter().map(|m| m.id).collect();
     let held = fin.retries.iter().filter(|r| r.retry_at.is_none()).count();
+    let pruned = fin.rows.values().filter(|r| r.pruned.is_some()).count();
     format!(
-        "events {written} committed {committed} published {published} stored {} (dup {}) held {held} faults {} relays {}",
+        "events {written} committed {committed} published {published} (pruned {pruned}) stored {} (dup {}) held {held} faults {} relays {}",
         unique.len(),
         fin.messages.len() - unique.len(),
         // the relays' stops at the end are no fault of the schedule's
@@ -382,6 +391,10 @@ pub fn print_schedule(schedule: &schedule::Schedule) {
         schedule.lanes,
         schedule.duration.as_secs()
     );
+    match schedule.retention {
+        Some(plan) => println!("  retention: {plan:?}"),
+        None => println!("  no retention"),
+    }
     for w in &schedule.writers {
         println!(
             "  writer {} on {:?}: {} emits",

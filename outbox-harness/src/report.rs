@@ -161,8 +161,11 @@ fn history_of(v: &Violation, rec: &Recorded, fin: &Final, origin: Time) -> Strin
                         format!("stored {s}#{seq} at {}", t(*at))
                     });
                 let row = fin.rows.get(&id).map_or("no row".to_owned(), |r| {
+                    let pruned = r.pruned.as_ref().map_or(String::new(), |(at, by)| {
+                        format!(", deleted at {} by {by}", t(*at))
+                    });
                     format!(
-                        "row created_at {}, published_at {}, attempts {}",
+                        "row created_at {}, published_at {}, attempts {}{pruned}",
                         r.created_at,
                         r.published_at.map_or("null".to_owned(), t),
                         r.attempts

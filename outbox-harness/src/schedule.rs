@@ -413,6 +413,34 @@ pub enum Action {
     PgKillConnections,
 }
 
+/// The retention task that runs beside the relays for the whole run (`outbox_runtime`'s
+/// `Retention`, as the retention role): a keep of seconds, so that it deletes published rows
+/// while relays claim, publish and mark theirs, and autovacuum hands the freed slots to new
+/// rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionPlan {
+    /// `keep_published` (`keep_dedupe` is twice that).
+    pub keep: Duration,
+    /// The pause between passes.
+    pub interval: Duration,
+    /// Rows per delete statement.
+    pub batch_size: i64,
+    /// `busy_percent` (`max_busy_percent` is the default, 100).
+    pub busy_percent: u8,
+}
+
+impl RetentionPlan {
+    /// Three runs in four get a retention task, drawn from a generator of its own.
+    fn draw(mut rng: Rng) -> Option<RetentionPlan> {
+        rng.chance(0.75).then(|| RetentionPlan {
+            keep: rng.millis(Duration::from_millis(500), Duration::from_secs(15)),
+            interval: rng.millis(Duration::from_millis(200), Duration::from_secs(5)),
+            batch_size: rng.pick(&[1, 10, 100, 1_000]),
+            busy_percent: rng.pick(&[10, 50, 100]),
+        })
+    }
+}
+
 /// An operation and its time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Op {
@@ -437,6 +465,8 @@ pub struct Schedule {
     pub ops: Vec<Op>,
     /// When the last operation starts, at the latest.
     pub duration: Duration,
+    /// The retention task, if the run has one.
+    pub retention: Option<RetentionPlan>,
 }
 
 impl Schedule {
@@ -556,6 +586,7 @@ pub fn generate(seed: u64, settings: &Settings) -> Schedule {
         Topology::Cluster
     };
     let lanes = shape.pick(&[1, 2]);
+    let retention = RetentionPlan::draw(root.fork("retention"));
     let mut draft = Draft {
         seed,
         root,
@@ -580,7 +611,7 @@ pub fn generate(seed: u64, settings: &Settings) -> Schedule {
         let at = draft.root.fork("held-many").secs(2, 5);
         draft.push(at, Action::HeldMany { rows });
     }
-    draft.finish()
+    draft.finish(retention)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The run's own servers: a Postgres (with the outbox migrations, prepared transactions
-//! enabled, and a relay role of least privilege) and a nats-server or a three-node JetStream
-//! cluster, with the run's stream. Nothing here touches the shared services.
+//! enabled, a relay role and a retention role of least privilege, and a ledger of the rows
+//! deleted) and a nats-server or a three-node JetStream cluster, with the run's stream.
+//! Nothing here touches the shared services.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,8 @@ use crate::schedule::{Topology, STREAM_SUBJECTS};
 pub const DATABASE: &str = "harness";
 /// The role the relays log in as: no superuser, no `pg_read_all_stats`.
 pub const RELAY_ROLE: &str = "outbox_relay";
+/// The role the retention task logs in as.
+pub const RETENTION_ROLE: &str = "outbox_retention";
 /// The run's main stream, capturing [`STREAM_SUBJECTS`].
 pub const STREAM: &str = "HX";
 /// The main stream's `max_msg_size`, so that a row can be refused by the stream for good
@@ -35,6 +38,33 @@ pub const RELAY_GRANTS: [(&str, &str); 3] = [
     ("outbox_retries", "select, insert, update, delete"),
     // the relay lease
     ("outbox_relay_lease", "select, insert, update"),
+];
+
+/// What the retention role is granted: the retention lines of `ops/postgres/grants.sql`.
+pub const RETENTION_GRANTS: [(&str, &str); 3] = [
+    // it deletes spent rows, locked `for update skip locked`, which needs an update right
+    ("outbox_events", "select, delete, update (tracestate)"),
+    ("outbox_consumed", "select, delete, update (consumed_at)"),
+    // the dedupe horizon it records before pruning dedupe rows
+    ("outbox_dedupe_horizon", "select, insert, update"),
+];
+
+/// A ledger of every row deleted from `outbox_events`, written by a trigger in the deleting
+/// transaction (so that a row retention deleted is still a committed row to the checker, with
+/// its last `published_at` and `attempts`, when and by whom it was deleted). The harness's
+/// own; the function runs as its owner, so the deleting role needs no right on the ledger.
+const PRUNE_LEDGER: [&str; 3] = [
+    "create table harness_pruned (id uuid primary key, subject text not null, \
+       created_at text not null, published_at timestamptz, attempts int not null, \
+       pruned_at timestamptz not null default clock_timestamp(), \
+       pruned_by text not null default session_user)",
+    "create function harness_record_prune() returns trigger language plpgsql \
+       security definer set search_path = public as $$ begin \
+       insert into harness_pruned (id, subject, created_at, published_at, attempts) \
+       values (old.id, old.subject, old.created_at::text, old.published_at, old.attempts); \
+       return old; end $$",
+    "create trigger harness_record_prune after delete on outbox_events \
+       for each row execute function harness_record_prune()",
 ];
 
 /// Fails, naming how to install them, when the binaries a run needs are missing.
@@ -128,6 +158,9 @@ impl Servers {
                 settings: vec![
                     ("max_prepared_transactions".into(), "32".into()),
                     ("max_connections".into(), "200".into()),
+                    // vacuum soon after retention deletes, so new rows reuse the freed slots
+                    // (and `ctid`s) while relays claim and mark by `ctid`
+                    ("autovacuum_naptime".into(), "1".into()),
                 ],
                 ..PgServerConfig::default()
             })
@@ -154,7 +187,14 @@ impl Servers {
         outbox_runtime::migrate(&admin)
             .await
             .expect("apply the outbox migrations");
-        relay_role(&admin).await;
+        create_role(&admin, RELAY_ROLE, &RELAY_GRANTS).await;
+        create_role(&admin, RETENTION_ROLE, &RETENTION_GRANTS).await;
+        for statement in PRUNE_LEDGER {
+            sqlx::query(statement)
+                .execute(&admin)
+                .await
+                .unwrap_or_else(|e| panic!("{statement}: {e}"));
+        }
 
         let (broker, node_ports, node_names, client) = match topology {
             Topology::Single => {
@@ -195,6 +235,14 @@ impl Servers {
     /// The superuser's URL of the run's database (straight to Postgres).
     pub fn root_url(&self) -> String {
         root_url(self.pg.port)
+    }
+
+    /// The retention role's URL of the run's database (straight to Postgres).
+    pub fn retention_url(&self) -> String {
+        format!(
+            "postgres://{RETENTION_ROLE}@127.0.0.1:{}/{DATABASE}",
+            self.pg.port
+        )
     }
 
     /// The relay role's URL of the run's database through the proxy on `port`.
@@ -276,21 +324,21 @@ fn root_url(port: u16) -> String {
     format!("postgres://root@127.0.0.1:{port}/{DATABASE}")
 }
 
-/// Creates [`RELAY_ROLE`] with [`RELAY_GRANTS`] on the tables that exist.
-async fn relay_role(admin: &PgPool) {
+/// Creates login role `role` with `grants` on the tables that exist.
+async fn create_role(admin: &PgPool, role: &str, grants: &[(&str, &str)]) {
     let mut statements = vec![
-        format!("create role {RELAY_ROLE} login"),
-        format!("grant connect on database {DATABASE} to {RELAY_ROLE}"),
-        format!("grant usage on schema public to {RELAY_ROLE}"),
+        format!("create role {role} login"),
+        format!("grant connect on database {DATABASE} to {role}"),
+        format!("grant usage on schema public to {role}"),
     ];
-    for (table, privileges) in RELAY_GRANTS {
+    for (table, privileges) in grants {
         let exists: bool = sqlx::query_scalar("select to_regclass($1) is not null")
             .bind(table)
             .fetch_one(admin)
             .await
             .expect("look the table up");
         if exists {
-            statements.push(format!("grant {privileges} on {table} to {RELAY_ROLE}"));
+            statements.push(format!("grant {privileges} on {table} to {role}"));
         }
     }
     for statement in statements {
@@ -299,5 +347,32 @@ async fn relay_role(admin: &PgPool) {
             .execute(admin)
             .await
             .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The harness's roles hold exactly their lines of `ops/postgres/grants.sql`, so that a
+    /// grant the relay or retention comes to need fails the harness as it fails a deployment.
+    #[test]
+    fn the_roles_are_granted_their_lines_of_the_grants_file() {
+        let file = include_str!("../../ops/postgres/grants.sql");
+        for (role, grants) in [
+            ("relay_role", &RELAY_GRANTS[..]),
+            ("retention_role", &RETENTION_GRANTS[..]),
+        ] {
+            let suffix = format!(" to :\"{role}\";");
+            let lines: Vec<&str> = file
+                .lines()
+                .filter(|l| l.starts_with("grant ") && l.ends_with(&suffix))
+                .collect();
+            let ours: Vec<String> = grants
+                .iter()
+                .map(|(table, privileges)| format!("grant {privileges} on {table}{suffix}"))
+                .collect();
+            assert_eq!(ours, lines, "{role}");
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The final state of a run: the table, the retry schedule and every stream, read once the
-//! relays have stopped.
+//! The final state of a run: the table (with the rows retention deleted, from the harness's
+//! ledger), the retry schedule and every stream, read once the relays have stopped.
 
 use std::collections::HashMap;
 
@@ -20,6 +20,9 @@ pub struct Row {
     pub published_at: Option<Time>,
     /// Its attempts.
     pub attempts: i32,
+    /// When it was deleted, and by which role: `published_at` and `attempts` are then what
+    /// they were at the delete.
+    pub pruned: Option<(Time, String)>,
 }
 
 /// A row of `outbox_retries` at the end.
@@ -68,9 +71,21 @@ pub struct Final {
 impl Final {
     /// Reads the table, the retry schedule and every stream.
     pub async fn read(servers: &Servers) -> Final {
-        type RowTuple = (Uuid, String, String, Option<Time>, i32);
+        type RowTuple = (
+            Uuid,
+            String,
+            String,
+            Option<Time>,
+            i32,
+            Option<Time>,
+            Option<String>,
+        );
         let rows: Vec<RowTuple> = sqlx::query_as(
-            "select id, subject, created_at::text, published_at, attempts from outbox_events",
+            "select id, subject, created_at::text, published_at, attempts, null, null \
+               from outbox_events \
+             union all \
+             select id, subject, created_at, published_at, attempts, pruned_at, pruned_by \
+               from harness_pruned",
         )
         .fetch_all(&servers.admin)
         .await
@@ -102,17 +117,18 @@ impl Final {
         Final {
             rows: rows
                 .into_iter()
-                .map(|(id, subject, created_at, published_at, attempts)| {
-                    (
-                        id,
-                        Row {
+                .map(
+                    |(id, subject, created_at, published_at, attempts, pruned_at, by)| {
+                        let row = Row {
                             subject,
                             created_at,
                             published_at,
                             attempts,
-                        },
-                    )
-                })
+                            pruned: pruned_at.zip(by),
+                        };
+                        (id, row)
+                    },
+                )
                 .collect(),
             retries: retries
                 .into_iter()

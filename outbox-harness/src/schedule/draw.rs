@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use super::{
     Action, CreatedAt, Emit, EventSpec, FreezeHow, Insert, Node, Op, Path, PoisonKind, RelayKind,
-    RelayMode, Schedule, Settings, Shape, Topology, Writer, EVENT_TYPES, FUTURE, PAST, RELAY_SLOTS,
+    RelayMode, RetentionPlan, Schedule, Settings, Shape, Topology, Writer, EVENT_TYPES, FUTURE,
+    PAST, RELAY_SLOTS,
 };
 use crate::rng::Rng;
 
@@ -28,7 +29,7 @@ impl Draft {
         self.ops.push(Op { at, action });
     }
 
-    pub(super) fn finish(mut self) -> Schedule {
+    pub(super) fn finish(mut self, retention: Option<RetentionPlan>) -> Schedule {
         // stable: operations drawn for the same instant keep their order
         self.ops.sort_by_key(|op| op.at);
         Schedule {
@@ -38,6 +39,7 @@ impl Draft {
             writers: self.writers,
             ops: self.ops,
             duration: self.duration,
+            retention,
         }
     }
 
