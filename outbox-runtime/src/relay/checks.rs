@@ -26,8 +26,14 @@ pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
     Ok(())
 }
 
+/// Whether the outbox table is partitioned or has child tables (it resolves the name as the
+/// relay's statements do, through the search path).
+const SPLIT_TABLE: &str = "select c.relkind = 'p' \
+       or exists (select 1 from pg_inherits i where i.inhparent = c.oid) \
+     from pg_class c where c.oid = 'outbox_events'::regclass";
+
 /// Postgres answers, is recent enough, and has the outbox table, the relay's retry
-/// schedule and the relay lease.
+/// schedule and the relay lease; the outbox table is one plain table.
 pub(super) async fn tables(pool: &PgPool) -> Result<()> {
     let unreachable = |e: sqlx::Error| {
         let o = pool.connect_options();
@@ -59,6 +65,16 @@ pub(super) async fn tables(pool: &PgPool) -> Result<()> {
             "Postgres {}.{} is too old for the relay, which needs 13 or later (pg_current_snapshot, incremental sorts)",
             version / 10_000,
             version % 10_000 / 100
+        )));
+    }
+    let split: bool = sqlx::query_scalar(SPLIT_TABLE)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| OUTBOX_EVENTS.error(e))?;
+    if split {
+        return Err(Error::Config(format!(
+            "{} has partitions or child tables: the relay marks the rows it claimed by their ctid, which is unique within one table only, so it runs on one plain table; keep the table as the migrations create it, and delete spent rows with Retention (docs/operations.md, *Retention sizing*)",
+            OUTBOX_EVENTS.name
         )));
     }
     Ok(())

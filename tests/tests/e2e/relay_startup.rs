@@ -54,6 +54,24 @@ async fn a_missing_table_names_the_migration_to_run() {
     assert!(message.contains("outbox migrate"), "{message}");
 }
 
+/// The relay marks the rows it claimed by `ctid`, unique within one table only: it refuses an
+/// outbox table with partitions or child tables, whose rows could share one.
+#[tokio::test]
+async fn an_outbox_table_with_child_tables_is_refused() {
+    let ctx = Ctx::new().await;
+    sqlx::query("create table outbox_events_2026_12 () inherits (outbox_events)")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let err = refused(ctx.pool()).await;
+    let message = err.to_string();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(
+        message.contains("outbox_events has partitions or child tables"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn unreachable_postgres_or_nats_at_start_is_a_clear_error() {
     let dead_pg = format!("postgres://root:secret@127.0.0.1:{}/test", free_port());

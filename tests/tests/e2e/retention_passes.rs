@@ -452,3 +452,51 @@ async fn a_row_published_at_minus_infinity_is_pruned_and_one_at_infinity_is_kept
         .unwrap();
     assert_eq!(left, ["infinity"]);
 }
+
+/// A table with a child table holds two heaps under one name, each numbering its rows from
+/// `(0,1)`: the first spent row of each table and the first live one of the other share a
+/// `ctid`. Each delete checks its condition again on the rows it reaches, so only spent rows
+/// go, from whichever table.
+#[tokio::test]
+async fn a_live_row_of_a_child_table_sharing_a_spent_rows_ctid_is_kept() {
+    let ctx = Ctx::new().await;
+    let pool = ctx.pool();
+    for statement in [
+        "create table outbox_events_child () inherits (outbox_events)",
+        "create table outbox_consumed_child () inherits (outbox_consumed)",
+        // the parents' first rows: spent
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at, published_at) \
+         values (gen_random_uuid(), 'ops.row.changed', 'ops', 'spent', now(), '{}', now(), now() - interval '30 days')",
+        "insert into outbox_consumed (consumer, event_id, consumed_at) \
+         values ('c', gen_random_uuid(), now() - interval '30 days')",
+        // the children's first rows: one not published, one consumed just now
+        "insert into outbox_events_child (id, event_type, source, subject, time, data, created_at) \
+         values (gen_random_uuid(), 'ops.row.changed', 'ops', 'live', now(), '{}', now())",
+        "insert into outbox_consumed_child (consumer, event_id, consumed_at) \
+         values ('live', gen_random_uuid(), now())",
+    ] {
+        sqlx::query(statement).execute(pool).await.unwrap();
+    }
+    let same: bool = sqlx::query_scalar(
+        "select (select ctid from only outbox_events) = (select ctid from outbox_events_child) \
+            and (select ctid from only outbox_consumed) = (select ctid from outbox_consumed_child)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(
+        same,
+        "the test's premise: the spent and the live rows share a ctid"
+    );
+
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert_eq!(retention::prune_published(pool, week, 10).await.unwrap(), 1);
+    assert_eq!(retention::prune_dedupe(pool, week, 10).await.unwrap(), 1);
+    let left: Vec<String> = sqlx::query_scalar(
+        "select subject from outbox_events union all select consumer from outbox_consumed",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(left, ["live", "live"]);
+}
