@@ -72,6 +72,10 @@ impl Draft {
             let interval = rng.millis(Duration::from_millis(300), Duration::from_millis(1500));
             self.writer(&mut rng, n, subjects, skew, interval, true);
         }
+        let mut bursts = self.root.fork("bursts");
+        if bursts.chance(0.5) {
+            self.burst_writer(&mut bursts, count);
+        }
         self.shared_transactions();
         self.poison_rows();
     }
@@ -293,6 +297,44 @@ impl Draft {
             });
             let jitter = rng.millis(interval / 2, interval * 3 / 2);
             t += shape.held_open() + jitter;
+        }
+        self.writers.push(Writer {
+            name,
+            subjects,
+            emits,
+        });
+    }
+
+    /// A sequential writer `w<n>` that emits in bursts: every 3-8 s, 200-800 events back to
+    /// back, each in a transaction of its own, over 4-12 subjects. A burst keeps the relay's
+    /// lanes busy past the 200 ms after which it lets the notify lock go (emits stop
+    /// notifying), and the quiet after it has them wait for commits again: the wake-up's
+    /// transitions under load, which one event a second never reaches.
+    fn burst_writer(&mut self, rng: &mut Rng, n: usize) {
+        let name = format!("w{n}");
+        let count = rng.between(4, 12) as usize;
+        let subjects: Vec<String> = (0..count).map(|s| format!("{name}s{s}")).collect();
+        let types: Vec<&str> = subjects.iter().map(|_| rng.pick(&EVENT_TYPES)).collect();
+        let mut emits = Vec::new();
+        let mut t = rng.secs(1, 4);
+        while t < self.duration {
+            for _ in 0..rng.between(200, 800) {
+                let s = rng.index(subjects.len());
+                emits.push(Emit {
+                    at: t,
+                    event: EventSpec {
+                        subject: subjects[s].clone(),
+                        event_type: types[s].to_owned(),
+                        insert: rng.weighted(&[
+                            (Insert::Emit, 2),
+                            (Insert::Raw(CreatedAt::Default), 1),
+                            (Insert::Raw(CreatedAt::Clock), 1),
+                        ]),
+                    },
+                    shape: Shape::Plain,
+                });
+            }
+            t += rng.secs(3, 8);
         }
         self.writers.push(Writer {
             name,
