@@ -365,6 +365,17 @@ impl PgServer {
         self.run("pg_ctl", &["-w", "-m", "fast", "stop", "-D"], true);
     }
 
+    /// Stops the server and starts it again as a standby with no primary to follow
+    /// (`standby.signal`): it stays in recovery, answering reads and refusing writes, as a
+    /// replica does.
+    pub fn restart_as_standby(&self) {
+        self.stop();
+        let signal = self.data().join("standby.signal");
+        std::fs::write(&signal, "").expect("write standby.signal");
+        self.own(&signal);
+        self.start();
+    }
+
     /// The server's log so far (`pg_ctl -l`), for tests that read what it logged.
     ///
     /// ```no_run

@@ -35,10 +35,11 @@ const SPLIT_TABLE: &str = "select c.relkind = 'p' \
 /// Postgres answers, is recent enough, and has the outbox table, the relay's retry
 /// schedule and the relay lease; the outbox table is one plain table.
 pub(super) async fn tables(pool: &PgPool) -> Result<()> {
-    let unreachable = |e: sqlx::Error| {
+    let target = || {
         let o = pool.connect_options();
-        Error::unreachable("postgres", format!("{}:{}", o.get_host(), o.get_port()), e)
+        format!("{}:{}", o.get_host(), o.get_port())
     };
+    let unreachable = |e: sqlx::Error| Error::unreachable("postgres", target(), e);
     for table in [OUTBOX_EVENTS, OUTBOX_RETRIES, OUTBOX_RELAY_LEASE] {
         // the table names are the crate's own constants, never input
         let probe = sqlx::AssertSqlSafe(format!("select 1 from {} limit 0", table.name));
@@ -50,22 +51,32 @@ pub(super) async fn tables(pool: &PgPool) -> Result<()> {
             }
         })?;
     }
-    let version: i32 = sqlx::query_scalar("select current_setting('server_version_num')::int")
-        .fetch_one(pool)
-        .await
-        .map_err(|e| {
-            if super::is_connection_error(&e) {
-                unreachable(e)
-            } else {
-                Error::Database(e)
-            }
-        })?;
+    let (version, standby): (i32, bool) =
+        sqlx::query_as("select current_setting('server_version_num')::int, pg_is_in_recovery()")
+            .fetch_one(pool)
+            .await
+            .map_err(|e| {
+                if super::is_connection_error(&e) {
+                    unreachable(e)
+                } else {
+                    Error::Database(e)
+                }
+            })?;
     if version < 130_000 {
         return Err(Error::Config(format!(
             "Postgres {}.{} is too old for the relay, which needs 13 or later (pg_current_snapshot, incremental sorts)",
             version / 10_000,
             version % 10_000 / 100
         )));
+    }
+    if standby {
+        // a failover's DNS may still point at the old primary, or not yet at the new one:
+        // `outbox relay` waits (as for a server that does not answer) until this is the primary
+        return Err(Error::unreachable(
+            "postgres",
+            target(),
+            "the server is a standby (in recovery), which takes no writes, and the relay needs the primary",
+        ));
     }
     let split: bool = sqlx::query_scalar(SPLIT_TABLE)
         .fetch_one(pool)

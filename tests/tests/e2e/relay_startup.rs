@@ -8,7 +8,7 @@ use std::time::Duration;
 use outbox_runtime::{EmitExt, Error, Relay, RelayConfig, StorageType, StreamSpec};
 use outbox_testkit::suite::Ctx;
 use outbox_testkit::{
-    connect_nats, database_url, free_port, nats_url, open_schemas, raw_event, TestDb,
+    connect_nats, database_url, free_port, nats_url, open_schemas, raw_event, PgServer, TestDb,
 };
 
 /// Why `Relay::new` on `pool` (and the local NATS) refuses to start.
@@ -52,6 +52,31 @@ async fn a_missing_table_names_the_migration_to_run() {
     assert!(matches!(err, Error::MissingTable { .. }), "{err:?}");
     assert!(message.contains("0001_outbox_events.sql"), "{message}");
     assert!(message.contains("outbox migrate"), "{message}");
+}
+
+/// A standby answers the relay's reads and refuses its writes: pointed at one (a failover's
+/// DNS not yet moved), the relay refuses to start as if the primary did not answer, and `outbox
+/// relay` waits for it.
+#[tokio::test]
+async fn a_standby_is_refused_as_not_the_primary() {
+    let pg = tokio::task::spawn_blocking(PgServer::spawn).await.unwrap();
+    let url = pg.url();
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    outbox_runtime::migrate(&pool).await.unwrap();
+    pool.close().await;
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.restart_as_standby();
+        pg
+    })
+    .await
+    .unwrap();
+    let err = Relay::connect(&url, &nats_url(), RelayConfig::default())
+        .await
+        .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, Error::Unreachable { .. }), "{err:?}");
+    assert!(message.contains("is a standby (in recovery)"), "{message}");
+    drop(pg);
 }
 
 /// The relay marks the rows it claimed by `ctid`, unique within one table only: it refuses an
