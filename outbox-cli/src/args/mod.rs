@@ -56,7 +56,7 @@ pub enum Command {
     /// Run the relay: publish committed events to JetStream until SIGINT/SIGTERM.
     ///
     /// A relay started while Postgres or NATS cannot be reached waits for them, warning at each
-    /// attempt (1 s apart, doubling up to 30 s); a refused login, TLS, a missing table or stream
+    /// attempt (1 s apart, doubling up to 5 s); a refused login, TLS, a missing table or stream
     /// ends it at once with exit 2.
     Relay(RelayArgs),
     /// Show the backlog, the oldest unpublished event, attempts and capped rows.

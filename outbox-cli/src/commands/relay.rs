@@ -103,8 +103,9 @@ pub async fn run(args: RelayArgs, telemetry: &Telemetry) -> Result<ExitCode> {
 /// The first wait between start attempts while Postgres or NATS cannot be reached; it doubles
 /// up to [`START_RETRY_MAX`].
 const START_RETRY_MIN: Duration = Duration::from_secs(1);
-/// The longest wait between start attempts.
-const START_RETRY_MAX: Duration = Duration::from_secs(30);
+/// The longest wait between start attempts: short, so that a relay started during an outage
+/// publishes within seconds of its end (the attempts are cheap: a connection to each server).
+const START_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Connects and runs the relay's start-up checks, again and again while a server cannot be
 /// reached or Postgres is not accepting connections yet (it is starting, recovering, or has
