@@ -170,8 +170,8 @@ impl Relay {
     /// Connects to Postgres and NATS, then runs the start-up checks of [`Relay::new`]: as
     /// [`connect_with`](Self::connect_with) with no NATS login beyond the URL's.
     ///
-    /// An address where nothing answers fails with
-    /// [`Error::Unreachable`](crate::Error::Unreachable), a failed TLS handshake or certificate
+    /// An address where nothing answers, or where a Postgres standby answers instead of the
+    /// primary, fails with [`Error::Unreachable`](crate::Error::Unreachable), a failed TLS handshake or certificate
     /// check with [`Error::Tls`](crate::Error::Tls), a refused login with
     /// [`Error::Authentication`](crate::Error::Authentication) (see
     /// [`connect::postgres`](crate::connect::postgres) and
