@@ -411,15 +411,12 @@ impl<'a> Checker<'a> {
                 }
             }
             let expected: Vec<Uuid> = emitted.iter().map(|(_, id, _)| *id).collect();
-            let label = |id: &Uuid| {
-                emitted
-                    .iter()
-                    .find(|(_, i, _)| i == id)
-                    .map_or(id.to_string(), |(_, _, l)| (*l).to_owned())
-            };
+            // indexed: a burst writer's subject has thousands of events
+            let labels: HashMap<Uuid, &str> = emitted.iter().map(|(_, id, l)| (*id, *l)).collect();
+            let label = |id: &Uuid| labels.get(id).map_or(id.to_string(), |l| (*l).to_owned());
             let in_stream: Vec<&Uuid> = stream_order
                 .iter()
-                .filter(|id| expected.contains(id))
+                .filter(|id| labels.contains_key(id))
                 .collect();
             for (k, got) in in_stream.iter().enumerate() {
                 if **got == expected[k] {
@@ -427,11 +424,15 @@ impl<'a> Checker<'a> {
                 }
                 let want = expected[k];
                 let what = if in_stream.contains(&&want) {
+                    // the stream order from the first difference, 20 events at most
+                    let shown: Vec<String> =
+                        in_stream[k..].iter().take(20).map(|id| label(id)).collect();
                     format!(
-                        "subject {subject}: the stream has {} before {}, emitted (and committed) in the other order; stream order: [{}]",
+                        "subject {subject}: the stream has {} before {}, emitted (and committed) in the other order; stream order from there: [{}{}]",
                         label(got),
                         label(&want),
-                        in_stream.iter().map(|id| label(id)).collect::<Vec<_>>().join(", ")
+                        shown.join(", "),
+                        if in_stream.len() - k > 20 { ", ..." } else { "" }
                     )
                 } else {
                     format!(

@@ -189,6 +189,15 @@ impl Servers {
             .expect("apply the outbox migrations");
         create_role(&admin, RELAY_ROLE, &RELAY_GRANTS).await;
         create_role(&admin, RETENTION_ROLE, &RETENTION_GRANTS).await;
+        // vacuum after 50 dead rows whatever the table's size (the held subject's rows would
+        // otherwise put it off for tens of thousands of deletes)
+        sqlx::query(
+            "alter table outbox_events set \
+               (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 50)",
+        )
+        .execute(&admin)
+        .await
+        .expect("set the outbox table's vacuum thresholds");
         for statement in PRUNE_LEDGER {
             sqlx::query(statement)
                 .execute(&admin)

@@ -190,7 +190,8 @@ fn pause_after(statement: Duration, percent: u8) -> Duration {
 /// primary-key probe per row, and a locked, published row does not move. The delete checks the
 /// condition again on each row it reaches: a `ctid` is unique within one table only, so in a
 /// table with partitions or child tables another row may have the same one, and such a row is
-/// deleted only when it is spent too. Shown for the benchmark and the tests.
+/// deleted only when it is spent too (there the delete may wait for such a row that another
+/// transaction holds: the relay refuses such a table). Shown for the benchmark and the tests.
 #[doc(hidden)]
 pub const PRUNE_PUBLISHED: &str = "with deleted as ( \
      delete from outbox_events where ctid = any(array( \
