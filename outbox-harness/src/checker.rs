@@ -1181,7 +1181,6 @@ mod tests {
         let retention = || RetentionRecord {
             keep: Duration::from_secs(5),
             failed: Vec::new(),
-            deleted: 1,
             died: None,
         };
         let prune = |case: &mut Case, at: f64, by: &str| {

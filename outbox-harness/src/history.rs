@@ -218,8 +218,6 @@ pub struct RetentionRecord {
     pub keep: std::time::Duration,
     /// Its passes that failed: when, and why.
     pub failed: Vec<(Time, String)>,
-    /// Rows it deleted, by its passes' counts.
-    pub deleted: u64,
     /// How it ended: `None` while it runs or when the harness stopped it; a panic otherwise.
     pub died: Option<(Time, String)>,
 }
@@ -280,7 +278,6 @@ impl History {
             r.retention = Some(RetentionRecord {
                 keep,
                 failed: Vec::new(),
-                deleted: 0,
                 died: None,
             })
         });

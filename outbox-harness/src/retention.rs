@@ -52,9 +52,9 @@ impl RetentionTask {
                     _ = stopped.wait_for(|s| *s) => return,
                     pass = retention.run_once() => pass,
                 };
-                match pass {
-                    Ok((published, _)) => history.retention(|r| r.deleted += published),
-                    Err(e) => history.retention(|r| r.failed.push((Utc::now(), e.to_string()))),
+                // what it deleted, the ledger has
+                if let Err(e) = pass {
+                    history.retention(|r| r.failed.push((Utc::now(), e.to_string())));
                 }
                 tokio::select! {
                     _ = stopped.wait_for(|s| *s) => return,

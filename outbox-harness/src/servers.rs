@@ -53,7 +53,9 @@ pub const RETENTION_GRANTS: [(&str, &str); 3] = [
 /// transaction (so that a row retention deleted is still a committed row to the checker, with
 /// its last `published_at` and `attempts`, when and by whom it was deleted). The harness's
 /// own; the function runs as its owner, so the deleting role needs no right on the ledger.
-const PRUNE_LEDGER: [&str; 3] = [
+/// With it, the table is vacuumed after 50 dead rows whatever its size (the held subject's
+/// rows would otherwise put it off for tens of thousands of deletes).
+const PRUNE_LEDGER: [&str; 4] = [
     "create table harness_pruned (id uuid primary key, subject text not null, \
        created_at text not null, published_at timestamptz, attempts int not null, \
        pruned_at timestamptz not null default clock_timestamp(), \
@@ -65,6 +67,8 @@ const PRUNE_LEDGER: [&str; 3] = [
        return old; end $$",
     "create trigger harness_record_prune after delete on outbox_events \
        for each row execute function harness_record_prune()",
+    "alter table outbox_events set \
+       (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 50)",
 ];
 
 /// Fails, naming how to install them, when the binaries a run needs are missing.
@@ -189,15 +193,6 @@ impl Servers {
             .expect("apply the outbox migrations");
         create_role(&admin, RELAY_ROLE, &RELAY_GRANTS).await;
         create_role(&admin, RETENTION_ROLE, &RETENTION_GRANTS).await;
-        // vacuum after 50 dead rows whatever the table's size (the held subject's rows would
-        // otherwise put it off for tens of thousands of deletes)
-        sqlx::query(
-            "alter table outbox_events set \
-               (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 50)",
-        )
-        .execute(&admin)
-        .await
-        .expect("set the outbox table's vacuum thresholds");
         for statement in PRUNE_LEDGER {
             sqlx::query(statement)
                 .execute(&admin)

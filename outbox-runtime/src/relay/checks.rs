@@ -26,10 +26,11 @@ pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
     Ok(())
 }
 
-/// Whether the outbox table is partitioned or has child tables (it resolves the name as the
-/// relay's statements do, through the search path).
-const SPLIT_TABLE: &str = "select c.relkind = 'p' \
-       or exists (select 1 from pg_inherits i where i.inhparent = c.oid) \
+/// The server's version, whether it is a standby, and whether the outbox table is partitioned
+/// or has child tables (the name resolved as the relay's statements resolve it, through the
+/// search path): one round trip.
+const SERVER: &str = "select current_setting('server_version_num')::int, pg_is_in_recovery(), \
+       c.relkind = 'p' or exists (select 1 from pg_inherits i where i.inhparent = c.oid) \
      from pg_class c where c.oid = 'outbox_events'::regclass";
 
 /// Postgres answers, is recent enough, and has the outbox table, the relay's retry
@@ -51,17 +52,14 @@ pub(super) async fn tables(pool: &PgPool) -> Result<()> {
             }
         })?;
     }
-    let (version, standby): (i32, bool) =
-        sqlx::query_as("select current_setting('server_version_num')::int, pg_is_in_recovery()")
-            .fetch_one(pool)
-            .await
-            .map_err(|e| {
-                if super::is_connection_error(&e) {
-                    unreachable(e)
-                } else {
-                    Error::Database(e)
-                }
-            })?;
+    let (version, standby, split): (i32, bool, bool) =
+        sqlx::query_as(SERVER).fetch_one(pool).await.map_err(|e| {
+            if super::is_connection_error(&e) {
+                unreachable(e)
+            } else {
+                Error::Database(e)
+            }
+        })?;
     if version < 130_000 {
         return Err(Error::Config(format!(
             "Postgres {}.{} is too old for the relay, which needs 13 or later (pg_current_snapshot, incremental sorts)",
@@ -78,10 +76,6 @@ pub(super) async fn tables(pool: &PgPool) -> Result<()> {
             "the server is a standby (in recovery), which takes no writes, and the relay needs the primary",
         ));
     }
-    let split: bool = sqlx::query_scalar(SPLIT_TABLE)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| OUTBOX_EVENTS.error(e))?;
     if split {
         return Err(Error::Config(format!(
             "{} has partitions or child tables: the relay marks the rows it claimed by their ctid, which is unique within one table only, so it runs on one plain table; keep the table as the migrations create it, and delete spent rows with Retention (docs/operations.md, *Retention sizing*)",
