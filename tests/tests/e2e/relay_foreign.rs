@@ -136,8 +136,17 @@ async fn a_flood_of_notifications_from_another_role_only_makes_the_relay_claim()
         }
     }
     let claimed = relay.stats().claims - claims;
-    eprintln!("{sent} notifications made {claimed} claims");
-    assert!(claimed <= sent, "at most a claim per notification");
+    let seconds = started.elapsed().as_secs() + 1;
+    // A notification naming no partition wakes every lane; each lane also claims on its own
+    // clock: its sweep once a second, and its lingering claims (1 ms doubling to 50 ms) after
+    // an empty claim while the wake lock is not held, at most 28 a second.
+    let lanes = RelayConfig::default().lanes as u64;
+    let bound = sent * lanes + lanes * seconds * 30;
+    eprintln!("{sent} notifications made {claimed} claims (bound {bound})");
+    assert!(
+        claimed <= bound,
+        "at most a claim per lane a notification wakes, and the lanes' own"
+    );
     let id = emit_committed(ctx.pool(), &schemas, raw_event(&ty, "billing", "a").build()).await;
     eventually(
         Duration::from_secs(10),
