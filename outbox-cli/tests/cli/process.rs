@@ -262,3 +262,67 @@ async fn a_relay_started_while_postgres_is_down_waits_for_it_then_publishes() {
     assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
     ctx.delete_stream().await;
 }
+
+/// A lease statement that Postgres refuses while it answers everything else (a revoked grant,
+/// a trigger, here the lease table renamed away): the relay says so at warn, once, with
+/// Postgres's error, turns unready and stops publishing; once the statement works again it
+/// says that too, takes the lease and publishes what was committed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_lease_renewal_is_warned_once_and_the_relay_resumes_when_it_works_again() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("leased.row.changed");
+    let url = db_url(&ctx.db);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut relay = Running::spawn(relay_args(&url, &nats_url(), &["--metrics-addr", &addr]));
+    readyz_until(&addr, 200, "/readyz to answer 200").await;
+    let first = emit_numbered(ctx.pool(), &event_type, "s-1", 1..=2).await;
+    eventually(PATIENCE, "the first events published", || async {
+        ctx.stream_len().await == 2
+    })
+    .await;
+
+    sqlx::query("alter table outbox_relay_lease rename to outbox_relay_lease_away")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let warning = "could not renew its lease, and publishes nothing until it can";
+    eventually(PATIENCE, "the refused renewal warned", || {
+        std::future::ready(relay.stderr().contains(warning))
+    })
+    .await;
+    readyz_until(&addr, 503, "/readyz to answer 503 while renewals fail").await;
+    // the lease runs out (5 s), and nothing is published meanwhile
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let held = emit_numbered(ctx.pool(), &event_type, "s-1", 3..=4).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(ctx.stream_len().await, 2, "no lease, nothing published");
+    let log = relay.stderr();
+    assert_eq!(log.matches(warning).count(), 1, "warned once:\n{log}");
+    assert!(
+        log.contains("outbox_relay_lease") && log.contains("does not exist"),
+        "the warning carries Postgres's error:\n{log}"
+    );
+
+    sqlx::query("alter table outbox_relay_lease_away rename to outbox_relay_lease")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    eventually(PATIENCE, "the held events published", || async {
+        ctx.stream_len().await == 4
+    })
+    .await;
+    readyz_until(&addr, 200, "/readyz to answer 200 again").await;
+    let log = relay.stderr();
+    assert!(log.contains("renews its lease again"), "{log}");
+    let stored: Vec<Uuid> = ctx
+        .read_stream()
+        .await
+        .iter()
+        .map(|m| m.envelope.id)
+        .collect();
+    assert_eq!(stored, [first, held].concat(), "each event once, in order");
+    relay.terminate();
+    assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+    ctx.delete_stream().await;
+}

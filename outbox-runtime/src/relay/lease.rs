@@ -120,6 +120,9 @@ pub(super) async fn keep(
     use std::sync::atomic::Ordering::Relaxed;
     let mut echo = Echo::new(client);
     let mut number = 0u64;
+    // the error of the renewals failing since the last one that worked, once Postgres answered
+    // with it: warned once, and once more when it changes
+    let mut refused: Option<String> = None;
     let mut next = Instant::now();
     loop {
         let now = Instant::now();
@@ -129,6 +132,11 @@ pub(super) async fn keep(
         if nats {
             let renewed = renew(&pool, me).await;
             health.postgres.store(renewed.is_ok(), Relaxed);
+            if renewed.is_ok() {
+                if let Some(error) = refused.take() {
+                    tracing::info!(relay = %me, %error, "outbox relay renews its lease again");
+                }
+            }
             match renewed {
                 Ok(Some(left)) => {
                     let until = now + left.saturating_sub(MARGIN);
@@ -151,7 +159,17 @@ pub(super) async fn keep(
                     terms.send_replace(None);
                 }
                 // the term runs out by itself unless a later renewal works
-                Err(e) => tracing::debug!(error = %e, "outbox relay could not renew its lease"),
+                Err(Failed::Unanswered(error)) => {
+                    tracing::debug!(%error, "outbox relay could not renew its lease")
+                }
+                // Postgres answers, and refuses the statement (a revoked grant, a trigger, a
+                // table moved away): nothing else would say why the relay stopped publishing
+                Err(Failed::Refused(error)) => {
+                    if refused.as_deref() != Some(error.as_str()) {
+                        tracing::warn!(relay = %me, %error, "outbox relay could not renew its lease, and publishes nothing until it can: Postgres refused the statement");
+                        refused = Some(error);
+                    }
+                }
             }
         } else {
             if held.is_some() {
@@ -183,16 +201,26 @@ pub(super) async fn keep(
 
 /// [`LEASE`](sql::LEASE): how long the lease is held from now, or `None` when another relay
 /// holds it.
-async fn renew(pool: &PgPool, me: Uuid) -> Result<Option<Duration>, String> {
+async fn renew(pool: &PgPool, me: Uuid) -> Result<Option<Duration>, Failed> {
     let query = sqlx::query_scalar::<_, f64>(sql::LEASE)
         .bind(me)
         .bind(LEASE.as_millis() as f64)
         .fetch_optional(pool);
     match timeout(ANSWER, query).await {
         Ok(Ok(left)) => Ok(left.map(|s| Duration::from_secs_f64(s.max(0.0)))),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("Postgres did not answer".into()),
+        Ok(Err(e @ sqlx::Error::Database(_))) => Err(Failed::Refused(e.to_string())),
+        Ok(Err(e)) => Err(Failed::Unanswered(e.to_string())),
+        Err(_) => Err(Failed::Unanswered("Postgres did not answer".into())),
     }
+}
+
+/// Why a renewal failed.
+enum Failed {
+    /// Postgres answered with an error.
+    Refused(String),
+    /// No answer: a connection that failed or a server that did not answer in time (an outage,
+    /// which the lanes' failures report).
+    Unanswered(String),
 }
 
 /// [`RESIGN`](sql::RESIGN), best effort: unanswered, the lease runs out by itself. Whether

@@ -138,7 +138,8 @@ pub struct RelayHealth {
     /// Whether this relay holds the relay lease and publishes; `false` while it stands by.
     pub holds_lease: bool,
     /// Whether the relay's last statement to Postgres (its lease, renewed or tried every
-    /// second) was answered.
+    /// second) worked: `false` when it got no answer, and when Postgres refused it (logged at
+    /// warn).
     pub postgres_reachable: bool,
     /// Whether a message to itself through the NATS server came back within the last few
     /// seconds.
