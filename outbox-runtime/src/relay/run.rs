@@ -79,6 +79,7 @@ impl Relay {
                 self.jetstream.clone(),
                 self.streams.clone(),
                 self.config.retry_horizon(),
+                term.clone(),
             ))),
         ];
         // aborted if `run` is dropped: a cancelled relay stops renewing, as a killed one would
@@ -96,7 +97,7 @@ impl Relay {
             let lane = Lane { index, count };
             self.run_lane(lane, term.clone(), &signals, stopped.clone())
         }));
-        let streams = self.check_streams(stopped.clone());
+        let streams = self.check_streams(term.clone(), stopped.clone());
         tokio::pin!(lanes, streams);
         tokio::select! {
             _ = &mut lanes => {}
@@ -301,9 +302,20 @@ impl Relay {
         Ok((outcome, next_retry))
     }
 
-    /// Checks the streams of the event types this relay publishes (the backlog's at start,
-    /// then every type it has published), until `stop`.
-    async fn check_streams(&self, mut stop: watch::Receiver<bool>) {
+    /// Checks the streams of the event types this relay publishes (the backlog's once it
+    /// first holds the lease, then every type it has published), until `stop`. A relay
+    /// standing by publishes nothing, and does not read the backlog's types: a deploy of
+    /// several relays onto a large backlog reads them once, not once a relay, beside the
+    /// holder's batches.
+    async fn check_streams(
+        &self,
+        mut terms: watch::Receiver<Option<Term>>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = terms.wait_for(Option::is_some) => {}
+        }
         let horizon = self.config.retry_horizon();
         let mut first = true;
         loop {
@@ -373,8 +385,10 @@ struct Waits {
     term_ends: Instant,
 }
 
-/// At start and every [`GAUGE_INTERVAL`]: the backlog gauges (the gauges operators alert on
-/// exist wherever a relay runs), the stale retry schedules, the configuration of every stream
+/// At start (once the relay holds the lease, or [`LEASE`](lease::LEASE) after the start when
+/// it stands by) and every [`GAUGE_INTERVAL`]: the backlog gauges (the gauges operators alert
+/// on exist wherever a relay runs; read over the whole backlog, a relay standing by does not
+/// read them beside the holder's first batches), the stale retry schedules, the configuration of every stream
 /// the relay has met (a stream that turned unsafe is refused from then on: its types' rows are
 /// held), and the holds a stream caused, released once a safe stream captures their type
 /// (docs/relay.md, *Held rows*).
@@ -384,7 +398,9 @@ async fn housekeeping(
     jetstream: async_nats::jetstream::Context,
     streams: std::sync::Arc<super::streams::Streams>,
     horizon: Duration,
+    mut terms: watch::Receiver<Option<Term>>,
 ) {
+    let _ = tokio::time::timeout(lease::LEASE, terms.wait_for(Option::is_some)).await;
     let mut tick = tokio::time::interval(GAUGE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
