@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outbox_runtime::{EmitExt, Relay, RelayConfig, Schemas};
 use outbox_testkit::suite::Ctx;
-use outbox_testkit::{eventually, open_schemas, raw_event, run_relay};
+use outbox_testkit::{emit_committed, eventually, open_schemas, raw_event, run_relay};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -589,4 +589,108 @@ async fn the_claims_look_for_older_rows_probes_the_subject_index() {
         "the cut does not probe outbox_events_unpublished_subject_idx by subject; its plan:\n{plan:#}"
     );
     sqlx::query("rollback").execute(&mut *tx).await.unwrap();
+}
+
+/// The statements of backends of the test's database that wait for a lock.
+async fn waiting_statements(ctx: &Ctx) -> Vec<String> {
+    sqlx::query_scalar(
+        "select query from pg_stat_activity \
+          where datname = current_database() and wait_event_type = 'Lock'",
+    )
+    .fetch_all(ctx.pool())
+    .await
+    .unwrap()
+}
+
+/// A relay standing by at start reads nothing of the backlog beside the holder's first
+/// batches: not the backlog's event types (its stream check waits until it holds the lease),
+/// and not the backlog gauges for its first 5 s. Seen through a lock: the test holds
+/// `outbox_events` exclusively, so any statement of the relay on it waits, and shows in
+/// `pg_stat_activity`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_standing_by_reads_nothing_of_the_backlog_until_its_first_gauges() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let ty = ctx.event_type("billing.invoice.paid");
+    let schemas = open_schemas(std::slice::from_ref(&ty));
+    let id = emit_committed(ctx.pool(), &schemas, raw_event(&ty, "billing", "a").build()).await;
+    // another relay holds the lease for a minute
+    sqlx::query(
+        "insert into outbox_relay_lease (name, holder, acquired_at, expires_at) \
+         values ('relay', gen_random_uuid(), now(), now() + interval '1 minute')",
+    )
+    .execute(ctx.pool())
+    .await
+    .unwrap();
+    let relay = Arc::new(
+        Relay::new(ctx.pool().clone(), ctx.js.clone(), RelayConfig::default())
+            .await
+            .unwrap(),
+    );
+    let mut lock = ctx.pool().begin().await.unwrap();
+    sqlx::query("lock table outbox_events in access exclusive mode")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (stop, running) = run_relay(relay.clone());
+    // the lease is tried at once, and the other relay holds it
+    eventually(Duration::from_secs(10), "the relay to run", || async {
+        relay.health().running
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let early = waiting_statements(&ctx).await;
+    let looked = started.elapsed();
+    assert!(
+        !relay.health().holds_lease,
+        "the other relay holds the lease"
+    );
+    assert!(
+        looked < Duration::from_secs(5),
+        "the test looked {looked:?} after the start, past the 5 s it checks"
+    );
+    assert!(
+        early.is_empty(),
+        "a relay standing by read the backlog at start: {early:?}"
+    );
+    // its first gauges come 5 s in, and wait for the lock like any statement on the table:
+    // the observation above would have seen them
+    eventually(
+        Duration::from_secs(20),
+        "the first gauges to wait",
+        || async {
+            waiting_statements(&ctx)
+                .await
+                .iter()
+                .any(|q| q.contains("count(*)"))
+        },
+    )
+    .await;
+    assert!(
+        !waiting_statements(&ctx)
+            .await
+            .iter()
+            .any(|q| q.contains("distinct event_type")),
+        "a relay standing by read the backlog's event types"
+    );
+    lock.rollback().await.unwrap();
+    // the lease is handed over: the relay reads the backlog's types and publishes
+    sqlx::query("delete from outbox_relay_lease")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(15), "published", || async {
+        sqlx::query_scalar::<_, bool>(
+            "select published_at is not null from outbox_events where id = $1",
+        )
+        .bind(id)
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap()
+    })
+    .await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    ctx.delete_stream().await;
 }
