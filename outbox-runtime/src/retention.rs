@@ -48,7 +48,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use futures::future::BoxFuture;
+use sqlx::{PgConnection, PgPool};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
@@ -228,12 +229,47 @@ pub async fn prune_published_paced(
     in_turns(pool, &mut [prune], batch).await
 }
 
+/// How long retention waits for Postgres's answer to one of its statements before it gives
+/// the statement up and closes its connection: a network path that goes silent without a
+/// reset would otherwise hold the pass, and every later one, for good. The statement may still
+/// complete on the server (a delete is right whenever it commits); the pass fails, and the next
+/// one starts an interval later.
+pub const STATEMENT_ANSWER: Duration = Duration::from_secs(30);
+
+/// `statement` on a connection of `pool` of its own, answered within [`STATEMENT_ANSWER`]; its
+/// errors name `table`. Unanswered, the connection is closed rather than returned to the pool
+/// (the pool would test it with a round trip that gets no answer either).
+async fn answered<T>(
+    pool: &PgPool,
+    table: Table,
+    statement: impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, sqlx::Result<T>>,
+) -> Result<T> {
+    let mut conn = pool.acquire().await.map_err(|e| table.error(e))?;
+    match tokio::time::timeout(STATEMENT_ANSWER, statement(&mut conn)).await {
+        Ok(result) => result.map_err(|e| table.error(e)),
+        Err(_) => {
+            conn.close_on_drop();
+            Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "retention on {}: Postgres did not answer within {STATEMENT_ANSWER:?}; the connection is closed",
+                    table.name
+                ),
+            ))))
+        }
+    }
+}
+
 /// `now() - keep` on the database's clock.
-async fn cutoff(pool: &PgPool, keep: Duration) -> Result<DateTime<Utc>> {
-    Ok(sqlx::query_scalar("select now() - $1::interval")
-        .bind(interval(keep))
-        .fetch_one(pool)
-        .await?)
+async fn cutoff(pool: &PgPool, table: Table, keep: Duration) -> Result<DateTime<Utc>> {
+    answered(pool, table, |c| {
+        Box::pin(
+            sqlx::query_scalar("select now() - $1::interval")
+                .bind(interval(keep))
+                .fetch_one(c),
+        )
+    })
+    .await
 }
 
 /// One table's part of a pass: `statement` (`$1` a fixed cutoff, `$2` the batch) deletes from
@@ -259,7 +295,7 @@ impl Prune {
         Ok(Prune::new(
             PRUNE_PUBLISHED,
             OUTBOX_EVENTS,
-            cutoff(pool, keep).await?,
+            cutoff(pool, OUTBOX_EVENTS, keep).await?,
             pace,
         ))
     }
@@ -267,25 +303,31 @@ impl Prune {
     /// Dedupe rows older than `keep`, once their cutoff is recorded as the dedupe horizon;
     /// `None` when there is none.
     async fn dedupe(pool: &PgPool, keep: Duration, pace: Pace) -> Result<Option<Prune>> {
-        let cutoff = cutoff(pool, keep).await?;
-        let any: bool = sqlx::query_scalar(
-            "select exists (select 1 from outbox_consumed where consumed_at < $1)",
-        )
-        .bind(cutoff)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| OUTBOX_CONSUMED.error(e))?;
+        let cutoff = cutoff(pool, OUTBOX_CONSUMED, keep).await?;
+        let any: bool = answered(pool, OUTBOX_CONSUMED, |c| {
+            Box::pin(
+                sqlx::query_scalar(
+                    "select exists (select 1 from outbox_consumed where consumed_at < $1)",
+                )
+                .bind(cutoff)
+                .fetch_one(c),
+            )
+        })
+        .await?;
         if !any {
             return Ok(None);
         }
-        sqlx::query(
-            "insert into outbox_dedupe_horizon as h (pruned_before) values ($1) \
-             on conflict (id) do update set pruned_before = greatest(h.pruned_before, excluded.pruned_before)",
-        )
-        .bind(cutoff)
-        .execute(pool)
-        .await
-        .map_err(|e| DEDUPE_HORIZON.error(e))?;
+        answered(pool, DEDUPE_HORIZON, |c| {
+            Box::pin(
+                sqlx::query(
+                    "insert into outbox_dedupe_horizon as h (pruned_before) values ($1) \
+                     on conflict (id) do update set pruned_before = greatest(h.pruned_before, excluded.pruned_before)",
+                )
+                .bind(cutoff)
+                .execute(c),
+            )
+        })
+        .await?;
         Ok(Some(Prune::new(
             PRUNE_DEDUPE,
             OUTBOX_CONSUMED,
@@ -407,15 +449,19 @@ async fn delete_once(
     prune: &Prune,
     batch: i64,
 ) -> Result<(u64, Option<f64>, Duration)> {
-    let mut conn = pool.acquire().await?;
-    let started = Instant::now();
-    let (n, newest): (i64, Option<f64>) = sqlx::query_as(prune.statement)
-        .bind(prune.cutoff)
-        .bind(batch)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| prune.table.error(e))?;
-    Ok((n.unsigned_abs(), newest, started.elapsed()))
+    let mut started = None;
+    let (n, newest): (i64, Option<f64>) = answered(pool, prune.table, |c| {
+        started = Some(Instant::now());
+        Box::pin(
+            sqlx::query_as(prune.statement)
+                .bind(prune.cutoff)
+                .bind(batch)
+                .fetch_one(c),
+        )
+    })
+    .await?;
+    let took = started.map_or(Duration::ZERO, |t| t.elapsed());
+    Ok((n.unsigned_abs(), newest, took))
 }
 
 /// How much faster than the clock a pass that catches up moves through its table's time (the

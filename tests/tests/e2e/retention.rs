@@ -308,3 +308,65 @@ async fn a_prune_statement_reads_as_many_pages_however_large_the_table() {
     );
     assert_eq!(retention::count_prunable(pool, week).await.unwrap(), 0);
 }
+
+/// Retention whose path to Postgres goes silent without a reset (a frozen network path, a
+/// dropped route): its pass gives the statement up after `STATEMENT_ANSWER`, fails naming
+/// the table, and closes that connection; once the path carries bytes again the next pass
+/// deletes the expired rows. Without the bound, the pass, and every later one, waited for
+/// good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retention_pass_whose_path_goes_silent_fails_within_its_bound_and_the_next_prunes() {
+    let ctx = Ctx::new().await;
+    insert_published(ctx.pool(), 20, 2).await;
+    let direct = ctx.pool().connect_options().as_ref().clone();
+    let proxy =
+        outbox_testkit::TcpProxy::start(format!("{}:{}", direct.get_host(), direct.get_port()))
+            .await;
+    // the pool hands its idle connection out untested, as when the path goes silent between
+    // the pool's test and the statement (a tested one would time out in `acquire` instead)
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(5))
+        .test_before_acquire(false)
+        .connect_with(direct.host("127.0.0.1").port(proxy.port()))
+        .await
+        .unwrap();
+    let config = retention::RetentionConfig {
+        keep_published: Duration::from_secs(5 * 24 * 3600),
+        keep_dedupe: None,
+        ..Default::default()
+    };
+    let task = retention::Retention::new(pool.clone(), config).unwrap();
+    // the pool holds an open connection when the path goes silent
+    // (back in it once the pool's check on release has its answer)
+    sqlx::query("select 1").execute(&pool).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the connection idle in the pool",
+        || std::future::ready(pool.num_idle() == 1),
+    )
+    .await;
+    proxy.freeze();
+    let bound = retention::STATEMENT_ANSWER + Duration::from_secs(20);
+    let started = std::time::Instant::now();
+    let pass = tokio::time::timeout(bound, task.run_once())
+        .await
+        .unwrap_or_else(|_| panic!("the pass still waited after {bound:?}"));
+    eprintln!("the pass failed after {:?}", started.elapsed());
+    let err = pass.expect_err("a pass on a silent path fails").to_string();
+    assert!(
+        err.contains("outbox_events") && err.contains("did not answer"),
+        "the error names the table and says why: {err}"
+    );
+    proxy.thaw();
+    let (published, dedupe) = tokio::time::timeout(bound, task.run_once())
+        .await
+        .expect("the next pass ends")
+        .expect("the next pass works");
+    assert_eq!((published, dedupe), (10, 0), "the ten expired rows");
+    let left: i64 = sqlx::query_scalar("select count(*) from outbox_events")
+        .fetch_one(ctx.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 10, "the rows inside the window stay");
+}
