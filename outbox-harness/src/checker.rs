@@ -19,6 +19,11 @@ mod state;
 
 pub use bound::Bounds;
 use bound::{add, Timeline};
+
+/// What a retention pass on a silent path may take beyond its interval and its statements'
+/// bound before it fails: the pause after its last statement, the pool's 5 s to open a
+/// connection, a busy machine.
+const SILENCE_SLACK: std::time::Duration = std::time::Duration::from_secs(10);
 pub use state::{Final, Message, Retry, Row};
 
 /// A promise of the relay the checker verifies.
@@ -700,8 +705,9 @@ impl<'a> Checker<'a> {
 
     /// P9: every deleted row was deleted by the retention task's role, published at least the
     /// task's keep before the delete (on the database's clock, as retention's cutoff); every
-    /// failed pass of the task fell in a Postgres outage or within R after it; the task did
-    /// not panic.
+    /// failed pass of the task fell in a Postgres outage or a silence of its path, or within R
+    /// after it; a silence longer than the task's interval, its statements' bound and
+    /// [`SILENCE_SLACK`] saw a pass fail within that; the task did not panic.
     fn pruned(&self) -> Vec<Violation> {
         let mut out = Vec::new();
         let retention = self.rec.retention.as_ref();
@@ -740,11 +746,15 @@ impl<'a> Checker<'a> {
         }
         let Some(r) = retention else { return out };
         for (at, why) in &r.failed {
-            let excused = self.rec.faults.iter().any(|f| {
+            let outage = self.rec.faults.iter().any(|f| {
                 matches!(f.fault, Fault::PgDown(_))
                     && f.start <= *at
                     && add(f.end.unwrap_or(self.healed), self.bounds.recovery) >= *at
             });
+            let silence = r.silences.iter().any(|(start, end)| {
+                *start <= *at && end.is_none_or(|end| add(end, self.bounds.recovery) >= *at)
+            });
+            let excused = outage || silence;
             if !excused {
                 out.push(Violation {
                     property: Property::Pruned,
@@ -755,6 +765,30 @@ impl<'a> Checker<'a> {
                     subjects: Vec::new(),
                     ids: Vec::new(),
                     span: Some((*at, *at)),
+                });
+            }
+        }
+        // a silence longer than a pause, a statement's bound and some slack fails a pass
+        // within it: nothing waits for an answer for good
+        let bound = r.interval + outbox_runtime::retention::STATEMENT_ANSWER + SILENCE_SLACK;
+        for (start, end) in &r.silences {
+            let Some(end) = end else { continue };
+            let by = add(*start, bound);
+            if *end < by {
+                continue;
+            }
+            if !r.failed.iter().any(|(at, _)| start <= at && *at <= by) {
+                out.push(Violation {
+                    property: Property::Pruned,
+                    what: format!(
+                        "retention's path was silent from {:+.1} s to {:+.1} s, and no pass failed within {:.1} s of its start",
+                        since(self.origin, *start),
+                        since(self.origin, *end),
+                        bound.as_secs_f64()
+                    ),
+                    subjects: Vec::new(),
+                    ids: Vec::new(),
+                    span: Some((*start, *end)),
                 });
             }
         }
@@ -1180,8 +1214,10 @@ mod tests {
         case.event(1, "s", 1.0, Some(3.0));
         let retention = || RetentionRecord {
             keep: Duration::from_secs(5),
+            interval: Duration::from_secs(1),
             failed: Vec::new(),
             died: None,
+            silences: Vec::new(),
         };
         let prune = |case: &mut Case, at: f64, by: &str| {
             case.fin.rows.get_mut(&id(1)).unwrap().pruned = Some((t(at), by.into()));
@@ -1209,5 +1245,39 @@ mod tests {
         case.rec.retention.as_mut().unwrap().failed.clear();
         case.rec.retention.as_mut().unwrap().died = Some((t(40.0), "a panic".into()));
         assert_eq!(case.violated(), [Property::Pruned], "it panicked");
+    }
+
+    #[test]
+    fn pruned_excuses_a_pass_failed_in_a_silence_and_requires_one_in_a_long_silence() {
+        let mut case = Case::new();
+        case.rec.retention = Some(RetentionRecord {
+            keep: Duration::from_secs(5),
+            interval: Duration::from_secs(1),
+            failed: vec![(t(40.0), "Postgres did not answer".into())],
+            died: None,
+            silences: vec![(t(10.0), Some(t(15.0)))],
+        });
+        // R is 5 s or more, and less than 25 s
+        fn r(case: &mut Case) -> &mut RetentionRecord {
+            case.rec.retention.as_mut().unwrap()
+        }
+        assert_eq!(
+            case.violated(),
+            [Property::Pruned],
+            "past R after the silence"
+        );
+        r(&mut case).silences[0].1 = Some(t(35.0));
+        assert!(case.check().is_empty(), "within R of the silence");
+        // 1 s + 30 s + 10 s: a silence of 60 s sees a pass fail by 51 s
+        r(&mut case).silences[0].1 = Some(t(70.0));
+        assert!(case.check().is_empty(), "failed 30 s in");
+        r(&mut case).failed[0].0 = t(55.0);
+        assert_eq!(case.violated(), [Property::Pruned], "no failure by 51 s");
+        r(&mut case).failed.clear();
+        assert_eq!(case.violated(), [Property::Pruned], "no failure at all");
+        r(&mut case).silences[0].1 = Some(t(40.0));
+        assert!(case.check().is_empty(), "30 s: shorter than the bound");
+        r(&mut case).silences[0].1 = None;
+        assert!(case.check().is_empty(), "stopped during the silence");
     }
 }

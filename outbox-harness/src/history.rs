@@ -216,10 +216,15 @@ pub struct LockSample {
 pub struct RetentionRecord {
     /// Its `keep_published`.
     pub keep: std::time::Duration,
+    /// Its pause between passes.
+    pub interval: std::time::Duration,
     /// Its passes that failed: when, and why.
     pub failed: Vec<(Time, String)>,
     /// How it ended: `None` while it runs or when the harness stopped it; a panic otherwise.
     pub died: Option<(Time, String)>,
+    /// When its path to Postgres went silent, and when it carried bytes again or the task
+    /// stopped (`None` while it lasts).
+    pub silences: Vec<(Time, Option<Time>)>,
 }
 
 /// Everything recorded during a run.
@@ -268,17 +273,19 @@ impl History {
     }
 
     /// Changes the record of the retention task (made by [`History::retention_started`]).
-    pub fn retention(&self, f: impl FnOnce(&mut RetentionRecord)) {
-        self.with(|r| r.retention.as_mut().map(f));
+    pub fn retention<T>(&self, f: impl FnOnce(&mut RetentionRecord) -> T) -> Option<T> {
+        self.with(|r| r.retention.as_mut().map(f))
     }
 
     /// The retention task starts, keeping published rows `keep`.
-    pub fn retention_started(&self, keep: std::time::Duration) {
+    pub fn retention_started(&self, keep: std::time::Duration, interval: std::time::Duration) {
         self.with(|r| {
             r.retention = Some(RetentionRecord {
                 keep,
+                interval,
                 failed: Vec::new(),
                 died: None,
+                silences: Vec::new(),
             })
         });
     }

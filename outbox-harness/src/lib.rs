@@ -226,9 +226,12 @@ async fn execute(
     let history = Arc::new(History::new());
     let start = Instant::now();
     let fleet = Arc::new(Fleet::new(&servers, history.clone(), schedule.lanes, logs.clone()).await);
-    let retention = schedule
-        .retention
-        .map(|plan| RetentionTask::start(&servers, history.clone(), plan));
+    let retention = match &schedule.retention {
+        Some(plan) => {
+            Some(RetentionTask::start(&servers, history.clone(), plan.clone(), start).await)
+        }
+        None => None,
+    };
     let workload = Arc::new(Workload::new(servers.clone(), history.clone(), start));
     let run = Arc::new(ops::Run::new(
         servers.clone(),
@@ -391,7 +394,7 @@ pub fn print_schedule(schedule: &schedule::Schedule) {
         schedule.lanes,
         schedule.duration.as_secs()
     );
-    match schedule.retention {
+    match &schedule.retention {
         Some(plan) => println!("  retention: {plan:?}"),
         None => println!("  no retention"),
     }

@@ -417,7 +417,7 @@ pub enum Action {
 /// `Retention`, as the retention role): a keep of seconds, so that it deletes published rows
 /// while relays claim, publish and mark theirs, and autovacuum hands the freed slots to new
 /// rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionPlan {
     /// `keep_published` (`keep_dedupe` is twice that).
     pub keep: Duration,
@@ -427,16 +427,50 @@ pub struct RetentionPlan {
     pub batch_size: i64,
     /// `busy_percent` (`max_busy_percent` is the default, 100).
     pub busy_percent: u8,
+    /// When the task's path to Postgres goes silent without a reset (from the run's start),
+    /// and for how long: up to [`SILENCE_LONGEST`], past its statements' bound
+    /// (`retention::STATEMENT_ANSWER`). The last ends when the harness stops the task at the
+    /// latest.
+    pub silences: Vec<(Duration, Duration)>,
 }
+
+/// The longest silence of the retention task's path.
+pub const SILENCE_LONGEST: Duration = Duration::from_secs(60);
 
 impl RetentionPlan {
     /// Three runs in four get a retention task, drawn from a generator of its own.
-    fn draw(mut rng: Rng) -> Option<RetentionPlan> {
-        rng.chance(0.75).then(|| RetentionPlan {
-            keep: rng.millis(Duration::from_millis(500), Duration::from_secs(15)),
-            interval: rng.millis(Duration::from_millis(200), Duration::from_secs(5)),
-            batch_size: rng.pick(&[1, 10, 100, 1_000]),
-            busy_percent: rng.pick(&[10, 50, 100]),
+    /// Half of them have their path silenced once or twice, each starting within a third of
+    /// `duration` after the last (drawn after the rest, so the other fields of a seed's plan
+    /// are as before).
+    fn draw(mut rng: Rng, duration: Duration) -> Option<RetentionPlan> {
+        rng.chance(0.75).then(|| {
+            let mut plan = RetentionPlan {
+                keep: rng.millis(Duration::from_millis(500), Duration::from_secs(15)),
+                interval: rng.millis(Duration::from_millis(200), Duration::from_secs(5)),
+                batch_size: rng.pick(&[1, 10, 100, 1_000]),
+                busy_percent: rng.pick(&[10, 50, 100]),
+                silences: Vec::new(),
+            };
+            let silences = if rng.chance(0.5) {
+                rng.between(1, 2)
+            } else {
+                0
+            };
+            // early, so that a long one ends (or the run stops) past the statements' bound
+            let within = (duration / 3).max(Duration::from_secs(1));
+            let mut from = Duration::ZERO;
+            for _ in 0..silences {
+                let at = from + rng.millis(Duration::ZERO, within);
+                let long = rng.pick(&[
+                    Duration::from_secs(1),
+                    Duration::from_secs(5),
+                    SILENCE_LONGEST,
+                ]);
+                let length = rng.millis(long / 2, long);
+                plan.silences.push((at, length));
+                from = at + length;
+            }
+            plan
         })
     }
 }
@@ -586,7 +620,7 @@ pub fn generate(seed: u64, settings: &Settings) -> Schedule {
         Topology::Cluster
     };
     let lanes = shape.pick(&[1, 2]);
-    let retention = RetentionPlan::draw(root.fork("retention"));
+    let retention = RetentionPlan::draw(root.fork("retention"), settings.duration);
     let mut draft = Draft {
         seed,
         root,

@@ -241,12 +241,9 @@ impl Servers {
         root_url(self.pg.port)
     }
 
-    /// The retention role's URL of the run's database (straight to Postgres).
-    pub fn retention_url(&self) -> String {
-        format!(
-            "postgres://{RETENTION_ROLE}@127.0.0.1:{}/{DATABASE}",
-            self.pg.port
-        )
+    /// The retention role's URL of the run's database through the proxy on `port`.
+    pub fn retention_url(&self, port: u16) -> String {
+        format!("postgres://{RETENTION_ROLE}@127.0.0.1:{port}/{DATABASE}")
     }
 
     /// The relay role's URL of the run's database through the proxy on `port`.
