@@ -388,10 +388,10 @@ struct Waits {
 /// At start (once the relay holds the lease, or [`LEASE`](lease::LEASE) after the start when
 /// it stands by) and every [`GAUGE_INTERVAL`]: the backlog gauges (the gauges operators alert
 /// on exist wherever a relay runs; read over the whole backlog, a relay standing by does not
-/// read them beside the holder's first batches), the stale retry schedules, the configuration of every stream
-/// the relay has met (a stream that turned unsafe is refused from then on: its types' rows are
-/// held), and the holds a stream caused, released once a safe stream captures their type
-/// (docs/relay.md, *Held rows*).
+/// read them beside the holder's first batches), the stale retry schedules, the configuration
+/// of every stream the relay has met (a stream that turned unsafe is refused from then on: its
+/// types' rows are held), and the holds a stream caused, released once a safe stream captures
+/// their type (docs/relay.md, *Held rows*).
 async fn housekeeping(
     pool: sqlx::PgPool,
     max_attempts: i32,
