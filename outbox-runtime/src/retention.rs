@@ -172,8 +172,8 @@ fn check_busy(percent: u8) -> Result<()> {
     Ok(())
 }
 
-/// The longest wait after one statement, however long it took (a statement that waited
-/// minutes for a table lock, behind a `vacuum full` or a migration, is no measure of its cost).
+/// The longest wait after one statement, however long it took (a statement that waited for a
+/// table lock, behind a `vacuum full` or a migration, is no measure of its cost).
 const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 /// How long a pass busy at most `percent` of its time waits after a statement that took
@@ -231,21 +231,55 @@ pub async fn prune_published_paced(
 
 /// How long retention waits for Postgres's answer to one of its statements before it gives
 /// the statement up and closes its connection: a network path that goes silent without a
-/// reset would otherwise hold the pass, and every later one, for good. The statement may still
-/// complete on the server (a delete is right whenever it commits); the pass fails, and the next
-/// one starts an interval later.
+/// reset would otherwise hold the pass, and every later one, for good. The pass fails, and the
+/// next one starts an interval later.
 pub const STATEMENT_ANSWER: Duration = Duration::from_secs(30);
 
-/// `statement` on a connection of `pool` of its own, answered within [`STATEMENT_ANSWER`]; its
-/// errors name `table`. Unanswered, the connection is closed rather than returned to the pool
-/// (the pool would test it with a round trip that gets no answer either).
+/// The server's own bounds on each retention statement, each in a transaction of its own
+/// (never looser than the session's own settings): its wait for locks ends after 20 s (behind
+/// a `vacuum full`, say) and the statement after [`STATEMENT_SERVER`], before the client gives
+/// up; a session left idle in its transaction (its client gone silent) is ended after
+/// [`STATEMENT_ANSWER`], and its transaction rolled back. So no backend of a given-up statement
+/// waits on, or lasts more than a minute past it. `$1`, `$2`, `$3`: the three bounds in
+/// milliseconds.
+const BOUNDS: &str = "select set_config(s.name, case when s.setting::int8 between 1 and b.ms \
+       then s.setting else b.ms::text end, true) \
+  from pg_settings s \
+  join (values ('lock_timeout', $1::int8), ('statement_timeout', $2::int8), \
+               ('idle_in_transaction_session_timeout', $3::int8)) as b(name, ms) \
+    on b.name = s.name";
+
+/// See [`BOUNDS`].
+const LOCK_SERVER: Duration = Duration::from_secs(20);
+/// See [`BOUNDS`].
+const STATEMENT_SERVER: Duration = Duration::from_secs(25);
+
+/// `statement` in a transaction of its own on a connection of `pool`, with the server's
+/// [`BOUNDS`], answered within [`STATEMENT_ANSWER`]; its errors name `table`. Unanswered, the
+/// connection is closed rather than returned to the pool (the pool would test it with a round
+/// trip that gets no answer either).
 async fn answered<T>(
     pool: &PgPool,
     table: Table,
     statement: impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, sqlx::Result<T>>,
 ) -> Result<T> {
+    use sqlx::Connection as _;
     let mut conn = pool.acquire().await.map_err(|e| table.error(e))?;
-    match tokio::time::timeout(STATEMENT_ANSWER, statement(&mut conn)).await {
+    let work = async {
+        let mut tx = conn.begin().await?;
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        sqlx::query(BOUNDS)
+            .bind(ms(LOCK_SERVER))
+            .bind(ms(STATEMENT_SERVER))
+            .bind(ms(STATEMENT_ANSWER))
+            .execute(&mut *tx)
+            .await?;
+        let answer = statement(&mut tx).await?;
+        tx.commit().await?;
+        Ok(answer)
+    };
+    let outcome = tokio::time::timeout(STATEMENT_ANSWER, work).await;
+    match outcome {
         Ok(result) => result.map_err(|e| table.error(e)),
         Err(_) => {
             conn.close_on_drop();

@@ -311,9 +311,9 @@ async fn a_prune_statement_reads_as_many_pages_however_large_the_table() {
 
 /// Retention whose path to Postgres goes silent without a reset (a frozen network path, a
 /// dropped route): its pass gives the statement up after `STATEMENT_ANSWER`, fails naming
-/// the table, and closes that connection; once the path carries bytes again the next pass
-/// deletes the expired rows. Without the bound, the pass, and every later one, waited for
-/// good.
+/// the table, and closes that connection (the server ends the session left in its
+/// transaction); once the path carries bytes again the next pass deletes the expired rows.
+/// Without the bound, the pass, and every later one, waited for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retention_pass_whose_path_goes_silent_fails_within_its_bound_and_the_next_prunes() {
     let ctx = Ctx::new().await;
@@ -369,4 +369,44 @@ async fn a_retention_pass_whose_path_goes_silent_fails_within_its_bound_and_the_
         .await
         .unwrap();
     assert_eq!(left, 10, "the rows inside the window stay");
+}
+
+/// A retention statement waiting behind a table lock (a `vacuum full`, a migration) is ended
+/// by the server after 20 s, before its client gives up: the pass fails naming the lock
+/// timeout, and no backend of it is left waiting, so passes that keep meeting the lock do not
+/// pile up sessions. Once the lock is gone the next pass prunes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retention_statement_behind_a_table_lock_is_ended_by_the_server_and_leaves_no_session() {
+    let ctx = Ctx::new().await;
+    insert_published(ctx.pool(), 20, 2).await;
+    let config = retention::RetentionConfig {
+        keep_published: Duration::from_secs(5 * 24 * 3600),
+        keep_dedupe: None,
+        ..Default::default()
+    };
+    let task = retention::Retention::new(ctx.pool().clone(), config).unwrap();
+    let mut lock = ctx.pool().begin().await.unwrap();
+    sqlx::query("lock table outbox_events in access exclusive mode")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let pass = tokio::time::timeout(retention::STATEMENT_ANSWER, task.run_once())
+        .await
+        .expect("the server ends the statement before the client gives up");
+    let err = pass.expect_err("a pass behind the lock fails").to_string();
+    assert!(
+        err.contains("lock timeout"),
+        "the error names the lock timeout: {err}"
+    );
+    let waiting: i64 = sqlx::query_scalar(
+        "select count(*) from pg_stat_activity \
+          where datname = current_database() and wait_event_type = 'Lock'",
+    )
+    .fetch_one(&mut *lock)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 0, "no retention session still waits for the lock");
+    lock.rollback().await.unwrap();
+    let (published, _) = task.run_once().await.expect("the next pass works");
+    assert_eq!(published, 10, "the ten expired rows");
 }
