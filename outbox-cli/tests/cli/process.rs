@@ -286,7 +286,7 @@ async fn a_refused_lease_renewal_is_warned_once_and_the_relay_resumes_when_it_wo
         .execute(ctx.pool())
         .await
         .unwrap();
-    let warning = "could not renew its lease, and publishes nothing until it can";
+    let warning = "could not renew its lease, and stops publishing when its term runs out";
     eventually(PATIENCE, "the refused renewal warned", || {
         std::future::ready(relay.stderr().contains(warning))
     })

@@ -166,7 +166,7 @@ pub(super) async fn keep(
                 // table moved away): nothing else would say why the relay stopped publishing
                 Err(Failed::Refused(error)) => {
                     if refused.as_deref() != Some(error.as_str()) {
-                        tracing::warn!(relay = %me, %error, "outbox relay could not renew its lease, and publishes nothing until it can: Postgres refused the statement");
+                        tracing::warn!(relay = %me, %error, "outbox relay could not renew its lease, and stops publishing when its term runs out: Postgres refused the statement");
                         refused = Some(error);
                     }
                 }
@@ -208,10 +208,23 @@ async fn renew(pool: &PgPool, me: Uuid) -> Result<Option<Duration>, Failed> {
         .fetch_optional(pool);
     match timeout(ANSWER, query).await {
         Ok(Ok(left)) => Ok(left.map(|s| Duration::from_secs_f64(s.max(0.0)))),
-        Ok(Err(e @ sqlx::Error::Database(_))) => Err(Failed::Refused(e.to_string())),
+        Ok(Err(sqlx::Error::Database(db))) if refusal(db.code().as_deref()) => {
+            Err(Failed::Refused(db.to_string()))
+        }
         Ok(Err(e)) => Err(Failed::Unanswered(e.to_string())),
         Err(_) => Err(Failed::Unanswered("Postgres did not answer".into())),
     }
+}
+
+/// Whether an error with SQLSTATE `code` is Postgres refusing the statement itself (a
+/// privilege, a missing table, a trigger's exception), not a connection ended by a restart or
+/// an operator (class 57), a connection failure (08), a transaction rolled back (40) or a lack
+/// of resources (53), which pass by themselves.
+fn refusal(code: Option<&str>) -> bool {
+    !matches!(
+        code.map(|c| c.get(..2)),
+        Some(Some("57" | "08" | "40" | "53"))
+    )
 }
 
 /// Why a renewal failed.
@@ -234,4 +247,20 @@ async fn resign(pool: &PgPool, me: Uuid) -> bool {
     };
     tracing::debug!(%error, "outbox relay could not give its lease up; it runs out by itself");
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refusal;
+
+    #[test]
+    fn a_refusal_is_an_error_of_the_statement_not_of_its_connection() {
+        for code in ["42501", "42P01", "P0001", "23505"] {
+            assert!(refusal(Some(code)), "{code}");
+        }
+        for code in ["57P01", "57014", "08006", "40001", "53300"] {
+            assert!(!refusal(Some(code)), "{code}");
+        }
+        assert!(refusal(None), "an error without a code, from the server");
+    }
 }

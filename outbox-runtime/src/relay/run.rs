@@ -47,8 +47,8 @@ impl Relay {
     /// and a few statement timeouts), and the lease is given up.
     ///
     /// While it runs, it also refreshes the backlog gauges (`outbox_unpublished`,
-    /// `outbox_oldest_unpublished_age_seconds`, `outbox_rows_at_attempt_cap`) at start and every
-    /// 10 s, and checks the streams of the types it publishes.
+    /// `outbox_oldest_unpublished_age_seconds`, `outbox_rows_at_attempt_cap`) at start (5 s in
+    /// when it stands by) and every 10 s, and checks the streams of the types it publishes.
     ///
     /// Errors inside the loop (Postgres or NATS down) are logged and retried with backoff;
     /// `run` itself only returns `Ok`.
