@@ -273,8 +273,8 @@ impl History {
     }
 
     /// Changes the record of the retention task (made by [`History::retention_started`]).
-    pub fn retention<T>(&self, f: impl FnOnce(&mut RetentionRecord) -> T) -> Option<T> {
-        self.with(|r| r.retention.as_mut().map(f))
+    pub fn retention(&self, f: impl FnOnce(&mut RetentionRecord)) {
+        self.with(|r| r.retention.as_mut().map(f));
     }
 
     /// The retention task starts, keeping published rows `keep`.

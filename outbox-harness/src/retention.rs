@@ -62,18 +62,11 @@ impl RetentionTask {
                 for (at, length) in silences {
                     tokio::time::sleep_until(start + at).await;
                     proxy.freeze();
-                    let index = history.retention(|r| {
-                        r.silences.push((Utc::now(), None));
-                        r.silences.len() - 1
-                    });
+                    history.retention(|r| r.silences.push((Utc::now(), None)));
                     history.note(format!("retention's path silent for {length:?}"));
                     tokio::time::sleep(length).await;
                     proxy.thaw();
-                    history.retention(|r| {
-                        if let Some(i) = index {
-                            r.silences[i].1 = Some(Utc::now());
-                        }
-                    });
+                    end_silence(&history);
                     history.note("retention's path carries bytes again");
                 }
             }
@@ -118,14 +111,19 @@ impl RetentionTask {
             let _ = silencer.await;
         }
         self.proxy.thaw();
-        history.retention(|r| {
-            for silence in r.silences.iter_mut().filter(|s| s.1.is_none()) {
-                silence.1 = Some(Utc::now());
-            }
-        });
+        end_silence(history);
         let _ = self.stop.send(true);
         if let Err(e) = self.task.await {
             history.retention(|r| r.died = Some((Utc::now(), e.to_string())));
         }
     }
+}
+
+/// Records the end of the silence under way, if one is (silences come one after another).
+fn end_silence(history: &History) {
+    history.retention(|r| {
+        if let Some(silence) = r.silences.last_mut().filter(|s| s.1.is_none()) {
+            silence.1 = Some(Utc::now());
+        }
+    });
 }

@@ -28,6 +28,15 @@ async fn curl(addr: &str, path: &str) -> (u16, String) {
     (code.parse().unwrap_or(0), body.to_owned())
 }
 
+/// The ids of the events in the test's stream, in stream order.
+async fn stored_ids(ctx: &Ctx) -> Vec<Uuid> {
+    ctx.read_stream()
+        .await
+        .iter()
+        .map(|m| m.envelope.id)
+        .collect()
+}
+
 /// Asks `/readyz` until it answers `want`; what it answered last.
 async fn readyz_until(addr: &str, want: u16, what: &str) -> (u16, String) {
     let last = Mutex::new((0, String::new()));
@@ -178,12 +187,7 @@ async fn sigterm_with_a_batch_in_flight_ends_within_the_bound_and_loses_nothing(
             .unwrap()
             .into_iter()
             .collect();
-    let stored: HashSet<Uuid> = ctx
-        .read_stream()
-        .await
-        .iter()
-        .map(|m| m.envelope.id)
-        .collect();
+    let stored: HashSet<Uuid> = stored_ids(&ctx).await.into_iter().collect();
     assert!(
         marked.is_subset(&stored),
         "rows marked published are missing from the stream"
@@ -251,12 +255,7 @@ async fn a_relay_started_while_postgres_is_down_waits_for_it_then_publishes() {
         || async { ctx.stream_len().await == 3 },
     )
     .await;
-    let stored: Vec<Uuid> = ctx
-        .read_stream()
-        .await
-        .iter()
-        .map(|m| m.envelope.id)
-        .collect();
+    let stored = stored_ids(&ctx).await;
     assert_eq!(stored, ids, "each event once, in order");
     relay.terminate();
     assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
@@ -315,12 +314,7 @@ async fn a_refused_lease_renewal_is_warned_once_and_the_relay_resumes_when_it_wo
     readyz_until(&addr, 200, "/readyz to answer 200 again").await;
     let log = relay.stderr();
     assert!(log.contains("renews its lease again"), "{log}");
-    let stored: Vec<Uuid> = ctx
-        .read_stream()
-        .await
-        .iter()
-        .map(|m| m.envelope.id)
-        .collect();
+    let stored = stored_ids(&ctx).await;
     assert_eq!(stored, [first, held].concat(), "each event once, in order");
     relay.terminate();
     assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());

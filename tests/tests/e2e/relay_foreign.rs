@@ -11,7 +11,8 @@ use outbox_testkit::suite::Ctx;
 use outbox_testkit::{emit_committed, eventually, open_schemas, raw_event, run_relay};
 use uuid::Uuid;
 
-async fn published(ctx: &Ctx, id: Uuid) -> bool {
+/// Whether event `id` is marked published.
+pub(crate) async fn published(ctx: &Ctx, id: Uuid) -> bool {
     sqlx::query_scalar("select published_at is not null from outbox_events where id = $1")
         .bind(id)
         .fetch_one(ctx.pool())

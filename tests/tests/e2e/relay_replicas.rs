@@ -592,7 +592,7 @@ async fn the_claims_look_for_older_rows_probes_the_subject_index() {
 }
 
 /// The statements of backends of the test's database that wait for a lock.
-async fn waiting_statements(ctx: &Ctx) -> Vec<String> {
+pub(crate) async fn waiting_statements(ctx: &Ctx) -> Vec<String> {
     sqlx::query_scalar(
         "select query from pg_stat_activity \
           where datname = current_database() and wait_event_type = 'Lock'",
@@ -680,14 +680,8 @@ async fn a_relay_standing_by_reads_nothing_of_the_backlog_until_its_first_gauges
         .execute(ctx.pool())
         .await
         .unwrap();
-    eventually(Duration::from_secs(15), "published", || async {
-        sqlx::query_scalar::<_, bool>(
-            "select published_at is not null from outbox_events where id = $1",
-        )
-        .bind(id)
-        .fetch_one(ctx.pool())
-        .await
-        .unwrap()
+    eventually(Duration::from_secs(15), "published", || {
+        crate::relay_foreign::published(&ctx, id)
     })
     .await;
     stop.send(()).unwrap();

@@ -331,11 +331,7 @@ async fn a_retention_pass_whose_path_goes_silent_fails_within_its_bound_and_the_
         .connect_with(direct.host("127.0.0.1").port(proxy.port()))
         .await
         .unwrap();
-    let config = retention::RetentionConfig {
-        keep_published: Duration::from_secs(5 * 24 * 3600),
-        keep_dedupe: None,
-        ..Default::default()
-    };
+    let config = five_days_of_published_rows();
     let task = retention::Retention::new(pool.clone(), config).unwrap();
     // the pool holds an open connection when the path goes silent
     // (back in it once the pool's check on release has its answer)
@@ -379,11 +375,7 @@ async fn a_retention_pass_whose_path_goes_silent_fails_within_its_bound_and_the_
 async fn a_retention_statement_behind_a_table_lock_is_ended_by_the_server_and_leaves_no_session() {
     let ctx = Ctx::new().await;
     insert_published(ctx.pool(), 20, 2).await;
-    let config = retention::RetentionConfig {
-        keep_published: Duration::from_secs(5 * 24 * 3600),
-        keep_dedupe: None,
-        ..Default::default()
-    };
+    let config = five_days_of_published_rows();
     let task = retention::Retention::new(ctx.pool().clone(), config).unwrap();
     let mut lock = ctx.pool().begin().await.unwrap();
     sqlx::query("lock table outbox_events in access exclusive mode")
@@ -398,15 +390,22 @@ async fn a_retention_statement_behind_a_table_lock_is_ended_by_the_server_and_le
         err.contains("lock timeout"),
         "the error names the lock timeout: {err}"
     );
-    let waiting: i64 = sqlx::query_scalar(
-        "select count(*) from pg_stat_activity \
-          where datname = current_database() and wait_event_type = 'Lock'",
-    )
-    .fetch_one(&mut *lock)
-    .await
-    .unwrap();
-    assert_eq!(waiting, 0, "no retention session still waits for the lock");
+    let waiting = crate::relay_replicas::waiting_statements(&ctx).await;
+    assert!(
+        waiting.is_empty(),
+        "no retention session still waits for the lock: {waiting:?}"
+    );
     lock.rollback().await.unwrap();
     let (published, _) = task.run_once().await.expect("the next pass works");
     assert_eq!(published, 10, "the ten expired rows");
+}
+
+/// Retention keeping five days of published rows, and leaving dedupe rows: of
+/// [`insert_published`]'s rows, those published nine days ago go.
+fn five_days_of_published_rows() -> retention::RetentionConfig {
+    retention::RetentionConfig {
+        keep_published: Duration::from_secs(5 * 24 * 3600),
+        keep_dedupe: None,
+        ..Default::default()
+    }
 }
