@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use outbox_testkit::suite::Ctx;
-use outbox_testkit::{eventually, free_port, NatsServer, PgServer};
+use outbox_testkit::{eventually, free_port, unique_token, NatsServer, PgServer};
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
@@ -318,5 +318,94 @@ async fn a_refused_lease_renewal_is_warned_once_and_the_relay_resumes_when_it_wo
     assert_eq!(stored, [first, held].concat(), "each event once, in order");
     relay.terminate();
     assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+    ctx.delete_stream().await;
+}
+
+/// A relay whose role cannot read `pg_locks` (revoked from `public` in its database) cannot
+/// sample the running transactions for its horizon. Its batches do not depend on the sample:
+/// it publishes every event, in order, with no batch failing; it warns once, naming Postgres's
+/// error, and says when sampling works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_cannot_sample_the_running_transactions_publishes_and_warns_once() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("sampled.row.changed");
+    let role = format!("relay_{}", unique_token().to_lowercase());
+    let grant_locks = |verb: &str| {
+        let to = if verb == "grant" { "to" } else { "from" };
+        format!("{verb} select on pg_catalog.pg_locks {to} public")
+    };
+    for statement in [
+        format!("create role {role} login"),
+        format!("grant all on all tables in schema public to {role}"),
+        grant_locks("revoke"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(ctx.pool())
+            .await
+            .unwrap();
+    }
+    // the test database's URL with the role as its user (in place of any user it names)
+    let url = ctx.db.url();
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let authority = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..authority].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    let url = format!("{scheme}://{role}@{rest}");
+    let mut relay = Running::spawn(relay_args(&url, &nats_url(), &[]));
+    let first = emit_numbered(ctx.pool(), &event_type, "s-1", 1..=3).await;
+    eventually(
+        PATIENCE,
+        "the events published without a sample",
+        || async { ctx.stream_len().await == 3 },
+    )
+    .await;
+    let warning = "could not sample the running transactions";
+    eventually(PATIENCE, "the refused sample warned", || {
+        std::future::ready(relay.stderr().contains(warning))
+    })
+    .await;
+    // a lane asks for a sample at most every 200 ms: several more are refused meanwhile
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = relay.stderr();
+    assert_eq!(log.matches(warning).count(), 1, "warned once:\n{log}");
+    assert!(
+        log.contains("pg_locks") && log.contains("permission denied"),
+        "the warning carries Postgres's error:\n{log}"
+    );
+    assert!(!log.contains("batch failed"), "no batch failed:\n{log}");
+
+    sqlx::query(sqlx::AssertSqlSafe(grant_locks("grant")))
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let later = emit_numbered(ctx.pool(), &event_type, "s-1", 4..=5).await;
+    eventually(PATIENCE, "the later events published", || async {
+        ctx.stream_len().await == 5
+    })
+    .await;
+    eventually(PATIENCE, "sampling said to work again", || {
+        std::future::ready(
+            relay
+                .stderr()
+                .contains("samples the running transactions again"),
+        )
+    })
+    .await;
+    assert_eq!(
+        stored_ids(&ctx).await,
+        [first, later].concat(),
+        "each event once, in order"
+    );
+    relay.terminate();
+    assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+    for statement in [format!("drop owned by {role}"), format!("drop role {role}")] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(ctx.pool())
+            .await
+            .unwrap();
+    }
     ctx.delete_stream().await;
 }

@@ -11,7 +11,6 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::cursor::{Cursor, Window};
-use super::horizon::Sample;
 use super::lanes::Lane;
 use super::position::{Position, Stamp};
 use super::publish::{self, Publisher, Settled};
@@ -23,9 +22,6 @@ use super::tx::{timed, Came, Kept, Tx, STATEMENT_TIMEOUT};
 use super::Relay;
 use crate::error::Result;
 use crate::table::{OUTBOX_EVENTS, OUTBOX_RETRIES};
-
-/// How often a batch samples the running transactions for the horizon, at most.
-const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// A claimed batch: its rows are locked in an open transaction until [`commit`](Self::commit).
 ///
@@ -65,7 +61,6 @@ struct Start {
     /// A parked subject's retry is due now.
     due: bool,
     next_retry: Option<f64>,
-    sample: Option<Sample>,
 }
 
 impl<'r> Claim<'r> {
@@ -85,11 +80,16 @@ impl<'r> Claim<'r> {
             if came == Came::Replaced {
                 cursor.lost_marks();
             }
-            let sample = relay.horizon.wants_sample(Instant::now(), SAMPLE_EVERY);
-            let start = begin_settings(&mut tx, relay, sample).await?;
-            let safe = match start.sample {
-                Some(sample) => relay.horizon.observe(sample),
-                None => relay.horizon.safe(),
+            let start = begin_settings(&mut tx, relay).await?;
+            // a lane's relay samples beside its batches (`Relay::run`); a claim of its own
+            // (`Relay::claim`, driven by its caller) samples in its transaction
+            let safe = if shared_cursor.is_none() {
+                relay.horizon.for_lane(Instant::now())
+            } else if relay.horizon.wants_sample(Instant::now()) {
+                let sample = super::horizon::take(tx.conn()).await?;
+                relay.horizon.observe(sample)
+            } else {
+                relay.horizon.safe()
             };
             let limit = relay.config.batch_size as i64;
             let now = Instant::now();
@@ -344,11 +344,10 @@ fn decode(rows: Vec<PgRow>) -> Result<Vec<Row>> {
 
 /// [`begin_settings`](sql::begin_settings): the batch's transaction, its own settings, and
 /// what it needs to know first.
-async fn begin_settings(tx: &mut Tx, relay: &Relay, sample: bool) -> Result<Start> {
+async fn begin_settings(tx: &mut Tx, relay: &Relay) -> Result<Start> {
     let statement = sql::begin_settings(
         STATEMENT_TIMEOUT.as_millis(),
         relay.config.idle_in_transaction_timeout().as_millis(),
-        sample,
     );
     // numbers and a boolean only, the relay's own
     let row: PgRow = timed(
@@ -357,30 +356,9 @@ async fn begin_settings(tx: &mut Tx, relay: &Relay, sample: bool) -> Result<Star
     )
     .await?;
     let get = |e| OUTBOX_RETRIES.error(e);
-    let list = |text: Option<String>| -> Vec<String> {
-        text.unwrap_or_default()
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
-    let sample = if sample {
-        let micros: Option<i64> = row.try_get("sampled_at").map_err(get)?;
-        Some(Sample {
-            at: micros.map(Stamp),
-            running: list(row.try_get("running").map_err(get)?)
-                .iter()
-                .map(|r| super::horizon::running(r))
-                .collect(),
-            prepared: list(row.try_get("prepared").map_err(get)?),
-        })
-    } else {
-        None
-    };
     Ok(Start {
         due: row.try_get("due").map_err(get)?,
         next_retry: row.try_get("next_retry").map_err(get)?,
-        sample,
     })
 }
 

@@ -15,8 +15,17 @@
 //! one, began at an unknown time: the horizon stays at `-infinity` until it ends.
 
 use std::collections::HashMap;
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row as _};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::position::Stamp;
+use super::tx::{timed, Tx};
+use crate::error::{Error, Result};
+use crate::table::OUTBOX_EVENTS;
 
 /// Added to the distance between a sample and a transaction's start: the instant `now()`
 /// returns is taken as the first statement of the transaction arrives, just before its
@@ -33,8 +42,8 @@ pub(super) struct Sample {
     pub(super) prepared: Vec<String>,
 }
 
-/// A running transaction as [`begin_settings`](super::sql::begin_settings) reads it, `pid:vxid:xid` (the
-/// last part empty without a transaction id): its key (`pid:vxid`) and its transaction id.
+/// A running transaction as [`SAMPLE`](super::sql::SAMPLE) reads it, `pid:vxid:xid` (the last
+/// part empty without a transaction id): its key (`pid:vxid`) and its transaction id.
 pub(super) fn running(text: &str) -> (String, Option<String>) {
     match text.rsplit_once(':') {
         Some((key, "")) => (key.to_owned(), None),
@@ -112,32 +121,85 @@ impl Horizon {
     }
 }
 
-/// The relay's [`Horizon`], shared by its lanes: one of them samples now and then
-/// ([`begin_settings`](super::sql::begin_settings)), all of them read it.
+/// How often the relay samples the running transactions, at most: only while batches run
+/// (they ask for a sample as they start), so an idle relay samples at its lanes' sweeps.
+pub(super) const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+
+/// The relay's [`Horizon`], shared by its lanes, which read it at every batch. The samples are
+/// taken beside the batches, not in them ([`keep_sampling`](Self::keep_sampling)): reading
+/// `pg_locks` and `pg_stat_activity` costs a millisecond or more of the server's time, which an
+/// event claimed by that batch would wait for. A batch uses the horizon of the samples taken
+/// before it, which is never later than one taken in it would be: the horizon only moves on.
 #[derive(Debug, Default)]
 pub(super) struct SharedHorizon {
-    inner: std::sync::Mutex<(Horizon, Option<tokio::time::Instant>)>,
+    inner: std::sync::Mutex<(Horizon, Option<Instant>)>,
+    /// A batch asked for a sample.
+    asked: Notify,
 }
 
 impl SharedHorizon {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Horizon, Option<tokio::time::Instant>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Horizon, Option<Instant>)> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the batch starting at `now` takes a sample: none was asked for within `every`.
-    pub(super) fn wants_sample(
-        &self,
-        now: tokio::time::Instant,
-        every: std::time::Duration,
-    ) -> bool {
+    /// Whether a sample is wanted at `now`: none was asked for within [`SAMPLE_EVERY`].
+    pub(super) fn wants_sample(&self, now: Instant) -> bool {
         let mut inner = self.lock();
         let wants = inner
             .1
-            .is_none_or(|t| now.saturating_duration_since(t) >= every);
+            .is_none_or(|t| now.saturating_duration_since(t) >= SAMPLE_EVERY);
         if wants {
             inner.1 = Some(now);
         }
         wants
+    }
+
+    /// The horizon for a lane's batch starting at `now`; asks
+    /// [`keep_sampling`](Self::keep_sampling) for a sample when it is due, without waiting
+    /// for it.
+    pub(super) fn for_lane(&self, now: Instant) -> Option<Stamp> {
+        if self.wants_sample(now) {
+            // a permit is kept while a sample is under way: the ask is never lost
+            self.asked.notify_one();
+        }
+        self.safe()
+    }
+
+    /// Takes a sample on `pool` whenever a lane asks ([`for_lane`](Self::for_lane)), until
+    /// dropped. A sample that fails (Postgres down, no answer within the batches' own bound)
+    /// changes nothing: the cursors stay where they are, and the batches go on. One that
+    /// Postgres refuses (a privilege on `pg_locks` revoked) is logged at warn, once until a
+    /// sample works again.
+    pub(super) async fn keep_sampling(&self, pool: &PgPool) {
+        let mut refused = false;
+        loop {
+            self.asked.notified().await;
+            let taken = async {
+                let (mut tx, _) = Tx::acquire(pool, None).await?;
+                // failed, the Tx is dropped and its connection closed, as a batch's would be
+                let sample = take(tx.conn()).await?;
+                tx.release();
+                Ok::<_, Error>(sample)
+            };
+            match taken.await {
+                Ok(sample) => {
+                    if std::mem::take(&mut refused) {
+                        tracing::info!("outbox relay samples the running transactions again; its cursors move on");
+                    }
+                    self.observe(sample);
+                }
+                Err(Error::Database(sqlx::Error::Database(db)))
+                    if super::lease::refusal(db.code().as_deref()) =>
+                {
+                    if !std::mem::replace(&mut refused, true) {
+                        tracing::warn!(error = %db, "outbox relay could not sample the running transactions (pg_locks, pg_stat_activity, pg_prepared_xacts: readable by every role unless revoked); it goes on publishing, but its cursors stay where they are, so its claims read more of the table's index until it can");
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "outbox relay could not sample the running transactions");
+                }
+            }
+        }
     }
 
     /// [`Horizon::observe`].
@@ -149,6 +211,33 @@ impl SharedHorizon {
     pub(super) fn safe(&self) -> Option<Stamp> {
         self.lock().0.safe()
     }
+}
+
+/// A sample ([`SAMPLE`](super::sql::SAMPLE)) read on `conn`, within the batches' bound on an
+/// answer.
+pub(super) async fn take(conn: &mut PgConnection) -> Result<Sample> {
+    let row: PgRow = timed(
+        OUTBOX_EVENTS,
+        sqlx::query(super::sql::SAMPLE).fetch_one(conn),
+    )
+    .await?;
+    let get = |e| OUTBOX_EVENTS.error(e);
+    let list = |text: Option<String>| -> Vec<String> {
+        text.unwrap_or_default()
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let micros: Option<i64> = row.try_get("sampled_at").map_err(get)?;
+    Ok(Sample {
+        at: micros.map(Stamp),
+        running: list(row.try_get("running").map_err(get)?)
+            .iter()
+            .map(|r| running(r))
+            .collect(),
+        prepared: list(row.try_get("prepared").map_err(get)?),
+    })
 }
 
 /// The earlier of two lower bounds, `None` being "unknown" (the earliest of all).

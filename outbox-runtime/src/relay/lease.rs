@@ -220,7 +220,7 @@ async fn renew(pool: &PgPool, me: Uuid) -> Result<Option<Duration>, Failed> {
 /// privilege, a missing table, a trigger's exception), not a connection ended by a restart or
 /// an operator (class 57), a connection failure (08), a transaction rolled back (40) or a lack
 /// of resources (53), which pass by themselves.
-fn refusal(code: Option<&str>) -> bool {
+pub(super) fn refusal(code: Option<&str>) -> bool {
     !matches!(
         code.map(|c| c.get(..2)),
         Some(Some("57" | "08" | "40" | "53"))

@@ -63,7 +63,7 @@ use crate::table::OUTBOX_RETRIES;
 /// `$9` paused subjects), verbatim. Shown for the tests that check the claim's plan.
 #[doc(hidden)]
 pub fn batch_settings(statement_ms: u128, idle_ms: u128) -> String {
-    sql::begin_settings(statement_ms, idle_ms, false)
+    sql::begin_settings(statement_ms, idle_ms)
 }
 #[doc(hidden)]
 pub const CLAIM_STATEMENT: &str = sql::CLAIM;
@@ -135,7 +135,7 @@ pub struct Relay {
     recent: stats::Recent,
     /// The wake lock, for the lanes waiting for commits.
     waker: std::sync::Arc<wake::Waker>,
-    /// The horizon the cursors stay behind, sampled by the batches.
+    /// The horizon the cursors stay behind, sampled as the batches ask.
     horizon: horizon::SharedHorizon,
     /// The cursor of [`Relay::claim`]'s batches (every partition).
     cursor: tokio::sync::Mutex<cursor::Cursor>,

@@ -98,10 +98,13 @@ impl Relay {
             self.run_lane(lane, term.clone(), &signals, stopped.clone())
         }));
         let streams = self.check_streams(term.clone(), stopped.clone());
-        tokio::pin!(lanes, streams);
+        // the horizon's samples, as the lanes' batches ask for them
+        let sampling = self.horizon.keep_sampling(&self.pool);
+        tokio::pin!(lanes, streams, sampling);
         tokio::select! {
             _ = &mut lanes => {}
             () = &mut streams => {}
+            () = &mut sampling => {}
             () = shutdown => {
                 stop.send_replace(true);
                 // a batch in progress finishes (publishing is bounded by ack_timeout, each

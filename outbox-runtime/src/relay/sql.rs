@@ -94,29 +94,9 @@ macro_rules! from {
 /// The batch transaction's start, its own settings, and what the batch needs to know first,
 /// in one round trip (the simple query protocol: no parameters, text results): `begin`, then
 /// whether a retry is due now and when the next one comes due (seconds from now, on the
-/// database's clock); and, when asked, a sample of the transactions running on the database
-/// for the horizon ([`Horizon`](super::horizon::Horizon)): the statement's instant in
-/// microseconds from 2000-01-01 (taken before the locks are read), each running transaction as
-/// `pid:virtual id:transaction id` (the last empty while it has none; one read of the locks,
-/// so that each id stays with its transaction), comma-separated, and the prepared
-/// transactions' ids. `pg_locks`, `pg_stat_activity`'s `datname` and `backend_xid` and
-/// `pg_prepared_xacts` are readable by every role. `statement_ms`: statement and lock timeout,
-/// `idle_ms`: idle-in-transaction timeout.
-pub(super) fn begin_settings(statement_ms: u128, idle_ms: u128, sample: bool) -> String {
-    // the sample's columns are in the text only when asked: parsed and planned at every batch
-    // (a simple query is not prepared), the views they read cost more than the rest together
-    let sample = if sample {
-        ",
-       (extract(epoch from statement_timestamp()) * 1000000)::int8 - 946684800000000 as sampled_at,
-       (select coalesce(string_agg(l.pid::text || ':' || l.virtualtransaction || ':' || coalesce(a.backend_xid::text, ''), ','), '')
-          from pg_locks l join pg_stat_activity a on a.pid = l.pid
-         where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
-           and a.datname = current_database()) as running,
-       (select coalesce(string_agg(p.transaction::text, ','), '') from pg_prepared_xacts p
-         where p.database = current_database()) as prepared"
-    } else {
-        ""
-    };
+/// database's clock). `statement_ms`: statement and lock timeout, `idle_ms`:
+/// idle-in-transaction timeout.
+pub(super) fn begin_settings(statement_ms: u128, idle_ms: u128) -> String {
     format!(
         "begin; \
 select set_config('synchronous_commit', 'off', true),
@@ -127,9 +107,25 @@ select set_config('synchronous_commit', 'off', true),
        set_config('lock_timeout', '{statement_ms}', true),
        set_config('idle_in_transaction_session_timeout', '{idle_ms}', true),
        exists (select 1 from outbox_retries where retry_at <= now()) as due,
-       extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry{sample}"
+       extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry"
     )
 }
+
+/// A sample of the transactions running on the database, for the horizon
+/// ([`Horizon`](super::horizon::Horizon)): the statement's instant in microseconds from
+/// 2000-01-01 (taken before the locks are read), each running transaction as
+/// `pid:virtual id:transaction id` (the last empty while it has none; one read of the locks,
+/// so that each id stays with its transaction), comma-separated, and the prepared
+/// transactions' ids. `pg_locks`, `pg_stat_activity`'s `datname` and `backend_xid` and
+/// `pg_prepared_xacts` are readable by every role.
+pub(super) const SAMPLE: &str = "\
+select (extract(epoch from statement_timestamp()) * 1000000)::int8 - 946684800000000 as sampled_at,
+       (select coalesce(string_agg(l.pid::text || ':' || l.virtualtransaction || ':' || coalesce(a.backend_xid::text, ''), ','), '')
+          from pg_locks l join pg_stat_activity a on a.pid = l.pid
+         where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
+           and a.datname = current_database()) as running,
+       (select coalesce(string_agg(p.transaction::text, ','), '') from pg_prepared_xacts p
+         where p.database = current_database()) as prepared";
 
 /// The columns of a claimed row, in [`Row::decode`](super::row::Row::decode)'s order; `traced`
 /// adds the trace context of migration 0007 (a table without it is claimed without them).

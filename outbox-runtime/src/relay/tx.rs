@@ -104,6 +104,11 @@ impl Tx {
         self.end("rollback", kept).await
     }
 
+    /// Gives the connection back to the pool, for one on which no transaction was begun.
+    pub(super) fn release(mut self) {
+        drop(self.conn.take());
+    }
+
     async fn end(mut self, sql: &'static str, kept: Option<&mut Kept>) -> Result<()> {
         timed(OUTBOX_EVENTS, sqlx::query(sql).execute(self.conn())).await?;
         match kept {
