@@ -80,14 +80,25 @@ impl<'r> Claim<'r> {
             if came == Came::Replaced {
                 cursor.lost_marks();
             }
-            let start = begin_settings(&mut tx, relay).await?;
             // a lane's relay samples beside its batches (`Relay::run`); a claim of its own
-            // (`Relay::claim`, driven by its caller) samples in its transaction
-            let safe = if shared_cursor.is_none() {
+            // (`Relay::claim`, driven by its caller) samples on its connection before its
+            // transaction, where an error Postgres answers with (a revoked `pg_locks`)
+            // aborts nothing and changes nothing, as in `Relay::run`
+            let lane_run = shared_cursor.is_none();
+            if !lane_run && relay.horizon.wants_sample(Instant::now()) {
+                match super::horizon::take(tx.conn()).await {
+                    Ok(sample) => {
+                        relay.horizon.observe(sample);
+                    }
+                    Err(crate::Error::Database(sqlx::Error::Database(e))) => {
+                        tracing::debug!(error = %e, "outbox relay could not sample the running transactions");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let start = begin_settings(&mut tx, relay).await?;
+            let safe = if lane_run {
                 relay.horizon.for_lane(Instant::now())
-            } else if relay.horizon.wants_sample(Instant::now()) {
-                let sample = super::horizon::take(tx.conn()).await?;
-                relay.horizon.observe(sample)
             } else {
                 relay.horizon.safe()
             };

@@ -343,6 +343,26 @@ async fn a_transaction_older_than_a_drained_backlog_is_published_when_it_commits
 async fn a_relay_that_cannot_see_every_session_does_not_pass_an_older_transaction() {
     let ctx = Ctx::new().await;
     ctx.ensure_stream().await;
+    let (role, pool) = role_pool(&ctx).await;
+    let hidden: i64 = sqlx::query_scalar(
+        "select count(*) from pg_stat_activity \
+          where datname = current_database() and backend_type is null",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        hidden > 0,
+        "the relay's role sees every session: nothing is tested"
+    );
+    an_older_transactions_row_after_a_drain(&ctx, pool.clone()).await;
+    drop_role(&ctx, &role, pool).await;
+    ctx.delete_stream().await;
+}
+
+/// A role with every privilege on the test database's tables and nothing more, and a pool of
+/// the relay's size on it.
+async fn role_pool(ctx: &Ctx) -> (String, PgPool) {
     let role = format!("relay_{}", unique_token().to_lowercase());
     for statement in [
         format!("create role {role} login"),
@@ -358,18 +378,11 @@ async fn a_relay_that_cannot_see_every_session_does_not_pass_an_older_transactio
         .connect_with(ctx.db.options.clone().username(&role))
         .await
         .expect("connect as the relay's role");
-    let hidden: i64 = sqlx::query_scalar(
-        "select count(*) from pg_stat_activity \
-          where datname = current_database() and backend_type is null",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert!(
-        hidden > 0,
-        "the relay's role sees every session: nothing is tested"
-    );
-    an_older_transactions_row_after_a_drain(&ctx, pool.clone()).await;
+    (role, pool)
+}
+
+/// Closes `pool` and drops the role of [`role_pool`].
+async fn drop_role(ctx: &Ctx, role: &str, pool: PgPool) {
     pool.close().await;
     for statement in [format!("drop owned by {role}"), format!("drop role {role}")] {
         sqlx::query(sqlx::AssertSqlSafe(statement))
@@ -377,6 +390,44 @@ async fn a_relay_that_cannot_see_every_session_does_not_pass_an_older_transactio
             .await
             .unwrap();
     }
+}
+
+/// Where `select` on `pg_locks` is revoked from `public`, the relay cannot sample the running
+/// transactions for its horizon; batches driven by their caller (`Relay::run_once`) publish
+/// all the same, in order, with the cursor where it was (`Relay::run`'s lanes: the CLI's
+/// `process::a_relay_that_cannot_sample_...`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_publish_in_order_where_the_running_transactions_cannot_be_sampled() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("ledger.entry.posted");
+    sqlx::query("revoke select on pg_catalog.pg_locks from public")
+        .execute(ctx.pool())
+        .await
+        .unwrap();
+    let (role, pool) = role_pool(&ctx).await;
+    let refused = sqlx::query("select count(*) from pg_locks")
+        .execute(&pool)
+        .await
+        .expect_err("the role cannot read pg_locks: nothing is tested");
+    assert!(
+        refused.to_string().contains("permission denied"),
+        "{refused}"
+    );
+    let ids = insert_ordered(ctx.pool(), &event_type, "acct-1", 300).await;
+    let relay = relay_on(&ctx, pool.clone(), RelayConfig::default()).await;
+    let drained = outbox_testkit::drain(&relay).await;
+    assert_eq!(drained.published, ids.len(), "every row published");
+    let stored: Vec<String> = ctx
+        .read_stream()
+        .await
+        .into_iter()
+        .map(|m| m.msg_id)
+        .collect();
+    let expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    assert_eq!(stored, expected, "the stream has each row once, in order");
+    drop(relay);
+    drop_role(&ctx, &role, pool).await;
     ctx.delete_stream().await;
 }
 
