@@ -101,6 +101,9 @@ pub enum Fault {
     RelayPathFrozen(usize, Path),
     /// A relay's path cut.
     RelayPathCut(usize, Path),
+    /// `pg_locks` not readable by the relays' role, until granted again: it excuses nothing
+    /// (the relays publish as before, their cursors held where they are).
+    LocksRevoked,
 }
 
 impl Fault {
@@ -464,6 +467,7 @@ impl Fault {
             }
             Fault::RelayPathFrozen(r, p) => format!("relay r{r}'s {p:?} path silent"),
             Fault::RelayPathCut(r, p) => format!("relay r{r}'s {p:?} path cut"),
+            Fault::LocksRevoked => "select on pg_locks revoked from public".into(),
         }
     }
 }

@@ -172,6 +172,29 @@ impl Run {
                 self.history
                     .note(format!("terminated the relay role's backends: {killed:?}"));
             }
+            Action::PgRevokeLocks { length } => {
+                // not under the Postgres faults' lock: a restart may come meanwhile
+                let revoke = "revoke select on pg_catalog.pg_locks from public";
+                if let Err(e) = sqlx::query(revoke).execute(&self.servers.admin).await {
+                    self.history.note(format!("pg_locks not revoked: {e}"));
+                    return;
+                }
+                let fault = self.history.fault(Fault::LocksRevoked);
+                tokio::time::sleep(length).await;
+                // granted again once Postgres answers (it may be down for a restart)
+                let grant = "grant select on pg_catalog.pg_locks to public";
+                for _ in 0..60 {
+                    match sqlx::query(grant).execute(&self.servers.admin).await {
+                        Ok(_) => break,
+                        Err(e) => {
+                            self.history
+                                .note(format!("pg_locks not granted again yet: {e}"));
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+                self.history.healed(fault);
+            }
         }
     }
 

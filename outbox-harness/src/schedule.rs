@@ -411,6 +411,12 @@ pub enum Action {
     },
     /// `pg_terminate_backend` of every backend of the relay role.
     PgKillConnections,
+    /// `select` on `pg_locks` revoked from `public` (the relays cannot sample the running
+    /// transactions for their horizon), then granted again.
+    PgRevokeLocks {
+        /// For how long.
+        length: Duration,
+    },
 }
 
 /// The retention task that runs beside the relays for the whole run (`outbox_runtime`'s
@@ -606,6 +612,13 @@ impl fmt::Display for Action {
                 secs(down)
             ),
             Action::PgKillConnections => write!(f, "postgres terminates the relay role's backends"),
+            Action::PgRevokeLocks { length } => {
+                write!(
+                    f,
+                    "select on pg_locks revoked from public for {}",
+                    secs(length)
+                )
+            }
         }
     }
 }
@@ -707,6 +720,7 @@ mod tests {
             "StepDown",
             "PgRestart",
             "PgKillConnections",
+            "PgRevokeLocks",
             "Plain",
             "SleepBefore",
             "SleepAfter",

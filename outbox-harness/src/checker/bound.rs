@@ -109,6 +109,9 @@ impl Timeline<'_> {
         let b = self.bounds;
         let mut out = Vec::new();
         for f in &self.rec.faults {
+            if f.fault == Fault::LocksRevoked {
+                continue;
+            }
             let end = f.end.unwrap_or(self.healed);
             let healed = add(end, b.recovery);
             let until = match f.fault.relay() {

@@ -62,6 +62,7 @@ impl Draft {
         self.relays();
         self.broker();
         self.postgres();
+        self.catalog();
         let count = self.root.fork("writers").between(2, 4) as usize;
         let mut rng = self.root.fork("writers");
         for n in 0..count {
@@ -255,6 +256,18 @@ impl Draft {
             };
             self.push(t, action);
             t += rng.secs(10, 35);
+        }
+    }
+
+    /// In half the runs, `pg_locks` revoked from `public` once, for 2-20 s, in the first half
+    /// of the run (a generator of its own: the other draws of a seed are as before).
+    fn catalog(&mut self) {
+        let mut rng = self.root.fork("catalog");
+        if rng.chance(0.5) {
+            let half = (self.duration.as_secs() / 2).max(4);
+            let at = rng.secs(3, half);
+            let length = rng.secs(2, 20);
+            self.push(at, Action::PgRevokeLocks { length });
         }
     }
 
