@@ -174,24 +174,32 @@ impl Run {
             }
             Action::PgRevokeLocks { length } => {
                 // not under the Postgres faults' lock: a restart may come meanwhile
+                let fault = self.history.fault(Fault::LocksRevoked);
                 let revoke = "revoke select on pg_catalog.pg_locks from public";
                 if let Err(e) = sqlx::query(revoke).execute(&self.servers.admin).await {
-                    self.history.note(format!("pg_locks not revoked: {e}"));
-                    return;
+                    // it may have committed all the same: granted again below whatever
+                    self.history.note(format!("pg_locks revoke answered: {e}"));
                 }
-                let fault = self.history.fault(Fault::LocksRevoked);
                 tokio::time::sleep(length).await;
                 // granted again once Postgres answers (it may be down for a restart)
                 let grant = "grant select on pg_catalog.pg_locks to public";
+                let mut granted = false;
                 for _ in 0..60 {
                     match sqlx::query(grant).execute(&self.servers.admin).await {
-                        Ok(_) => break,
+                        Ok(_) => {
+                            granted = true;
+                            break;
+                        }
                         Err(e) => {
                             self.history
                                 .note(format!("pg_locks not granted again yet: {e}"));
                             tokio::time::sleep(Duration::from_secs(1)).await;
                         }
                     }
+                }
+                if !granted {
+                    self.history
+                        .note("pg_locks not granted again within a minute: it stays revoked");
                 }
                 self.history.healed(fault);
             }

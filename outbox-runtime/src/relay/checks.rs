@@ -11,13 +11,14 @@ use super::config::RelayConfig;
 use crate::error::{Error, Result};
 use crate::table::{OUTBOX_EVENTS, OUTBOX_RELAY_LEASE, OUTBOX_RETRIES, TRACE_CONTEXT_MIGRATION};
 
-/// The pool allows a connection per lane and two for the lease and the gauges (the wake lock's
-/// and the `LISTEN` connection are opened beside the pool).
+/// The pool allows a connection per lane and two for the lease, the gauges and the horizon's
+/// samples, each held for a statement (the wake lock's and the `LISTEN` connection are opened
+/// beside the pool).
 pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
     let connections = pool.options().get_max_connections() as usize;
     if connections < config.lanes + 2 {
         return Err(Error::Config(format!(
-            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane, and two for the lease and the gauges; RelayConfig::pool_size() gives {}): raise the pool's max_connections or lower RelayConfig::lanes",
+            "the relay's pool allows {connections} connections, and a relay with {} lanes needs at least {} (one per lane, and two for the lease, the gauges and the horizon's samples; RelayConfig::pool_size() gives {}): raise the pool's max_connections or lower RelayConfig::lanes",
             config.lanes,
             config.lanes + 2,
             config.pool_size()

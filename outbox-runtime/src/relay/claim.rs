@@ -82,19 +82,11 @@ impl<'r> Claim<'r> {
             }
             // a lane's relay samples beside its batches (`Relay::run`); a claim of its own
             // (`Relay::claim`, driven by its caller) samples on its connection before its
-            // transaction, where an error Postgres answers with (a revoked `pg_locks`)
-            // aborts nothing and changes nothing, as in `Relay::run`
+            // transaction, where an error Postgres answers with (a revoked `pg_locks`) aborts
+            // nothing
             let lane_run = shared_cursor.is_none();
             if !lane_run && relay.horizon.wants_sample(Instant::now()) {
-                match super::horizon::take(tx.conn()).await {
-                    Ok(sample) => {
-                        relay.horizon.observe(sample);
-                    }
-                    Err(crate::Error::Database(sqlx::Error::Database(e))) => {
-                        tracing::debug!(error = %e, "outbox relay could not sample the running transactions");
-                    }
-                    Err(e) => return Err(e),
-                }
+                relay.horizon.sample_on(tx.conn()).await?;
             }
             let start = begin_settings(&mut tx, relay).await?;
             let safe = if lane_run {

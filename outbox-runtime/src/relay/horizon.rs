@@ -15,6 +15,7 @@
 //! one, began at an unknown time: the horizon stays at `-infinity` until it ends.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
@@ -135,6 +136,11 @@ pub(super) struct SharedHorizon {
     inner: std::sync::Mutex<(Horizon, Option<Instant>)>,
     /// A batch asked for a sample.
     asked: Notify,
+    /// Held through a sample and its observation: samples never overlap, so each is observed
+    /// after every sample whose locks were read before its own (`Relay::claim` samples too).
+    sampling: tokio::sync::Mutex<()>,
+    /// Postgres refused the last sample: warned once until one works.
+    refused: AtomicBool,
 }
 
 impl SharedHorizon {
@@ -166,39 +172,47 @@ impl SharedHorizon {
     }
 
     /// Takes a sample on `pool` whenever a lane asks ([`for_lane`](Self::for_lane)), until
-    /// dropped. A sample that fails (Postgres down, no answer within the batches' own bound)
-    /// changes nothing: the cursors stay where they are, and the batches go on. One that
-    /// Postgres refuses (a privilege on `pg_locks` revoked) is logged at warn, once until a
-    /// sample works again.
+    /// dropped ([`sample_on`](Self::sample_on)). A connection that gave no answer is closed.
     pub(super) async fn keep_sampling(&self, pool: &PgPool) {
-        let mut refused = false;
         loop {
             self.asked.notified().await;
-            let taken = async {
-                let (mut tx, _) = Tx::acquire(pool, None).await?;
-                // failed, the Tx is dropped and its connection closed, as a batch's would be
-                let sample = take(tx.conn()).await?;
-                tx.release();
-                Ok::<_, Error>(sample)
+            let outcome = match Tx::acquire(pool, None).await {
+                Ok((mut tx, _)) => self.sample_on(tx.conn()).await.map(|()| tx.release()),
+                Err(e) => Err(e),
             };
-            match taken.await {
-                Ok(sample) => {
-                    if std::mem::take(&mut refused) {
-                        tracing::info!("outbox relay samples the running transactions again; its cursors move on");
-                    }
-                    self.observe(sample);
-                }
-                Err(Error::Database(sqlx::Error::Database(db)))
-                    if super::lease::refusal(db.code().as_deref()) =>
-                {
-                    if !std::mem::replace(&mut refused, true) {
-                        tracing::warn!(error = %db, "outbox relay could not sample the running transactions (pg_locks, pg_stat_activity, pg_prepared_xacts: readable by every role unless revoked); it goes on publishing, but its cursors stay where they are, so its claims read more of the table's index until it can");
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "outbox relay could not sample the running transactions");
-                }
+            // a failed Tx was dropped: its connection is closed, as a batch's would be
+            if let Err(e) = outcome {
+                tracing::debug!(error = %e, "outbox relay could not sample the running transactions");
             }
+        }
+    }
+
+    /// Samples the running transactions on `conn` and observes the sample. An error Postgres
+    /// answers with changes nothing and leaves `conn` as it was: the cursors stay where they
+    /// are, and the batches go on; a refusal (a privilege on `pg_locks` revoked) is logged at
+    /// warn, once until a sample works again. Any other error (no answer within the batches'
+    /// bound, a connection that failed) is returned, and `conn` is not to be used again.
+    pub(super) async fn sample_on(&self, conn: &mut PgConnection) -> Result<()> {
+        let _one = self.sampling.lock().await;
+        match take(conn).await {
+            Ok(sample) => {
+                if self.refused.swap(false, Ordering::Relaxed) {
+                    tracing::info!(
+                        "outbox relay samples the running transactions again; its cursors move on"
+                    );
+                }
+                self.observe(sample);
+                Ok(())
+            }
+            Err(Error::Database(sqlx::Error::Database(db))) => {
+                if !super::lease::refusal(db.code().as_deref()) {
+                    tracing::debug!(error = %db, "outbox relay could not sample the running transactions");
+                } else if !self.refused.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %db, "outbox relay could not sample the running transactions (pg_locks, pg_stat_activity, pg_prepared_xacts: readable by every role unless revoked); it goes on publishing, but its cursors stay where they are, so its claims read more of the table's index until it can");
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -215,7 +229,7 @@ impl SharedHorizon {
 
 /// A sample ([`SAMPLE`](super::sql::SAMPLE)) read on `conn`, within the batches' bound on an
 /// answer.
-pub(super) async fn take(conn: &mut PgConnection) -> Result<Sample> {
+async fn take(conn: &mut PgConnection) -> Result<Sample> {
     let row: PgRow = timed(
         OUTBOX_EVENTS,
         sqlx::query(super::sql::SAMPLE).fetch_one(conn),

@@ -111,7 +111,13 @@ impl Relay {
                 // statement by the statement timeouts); past this bound it is given up, which
                 // leaves its rows unpublished, as a crash would
                 let bound = self.config.ack_timeout + SHUTDOWN_MARGIN;
-                if tokio::time::timeout(bound, lanes).await.is_err() {
+                // the sampler goes on meanwhile, so that a sample under way does not keep its
+                // pooled connection from the lease until `run` returns
+                let finished = tokio::select! {
+                    done = tokio::time::timeout(bound, lanes) => done.is_ok(),
+                    () = &mut sampling => false,
+                };
+                if !finished {
                     tracing::warn!(?bound, "outbox relay stopped without finishing its batches: Postgres did not answer; their rows stay unpublished and go out again later");
                 }
             }
