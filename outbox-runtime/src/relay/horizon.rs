@@ -124,13 +124,13 @@ impl Horizon {
 
 /// How often the relay samples the running transactions, at most: only while batches run
 /// (they ask for a sample as they start), so an idle relay samples at its lanes' sweeps.
-pub(super) const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
 /// The relay's [`Horizon`], shared by its lanes, which read it at every batch. The samples are
-/// taken beside the batches, not in them ([`keep_sampling`](Self::keep_sampling)): reading
-/// `pg_locks` and `pg_stat_activity` costs a millisecond or more of the server's time, which an
-/// event claimed by that batch would wait for. A batch uses the horizon of the samples taken
-/// before it, which is never later than one taken in it would be: the horizon only moves on.
+/// taken beside the batches, not in them ([`keep_sampling`](Self::keep_sampling)), so that a
+/// batch neither waits for one nor fails with it (`pg_locks` revoked from `public`). A batch
+/// uses the horizon of the samples taken before it, which is never later than one taken in it
+/// would be: the horizon only moves on.
 #[derive(Debug, Default)]
 pub(super) struct SharedHorizon {
     inner: std::sync::Mutex<(Horizon, Option<Instant>)>,
