@@ -56,7 +56,7 @@ impl fmt::Debug for Claim<'_> {
     }
 }
 
-/// What the batch learns first ([`begin_settings`](sql::begin_settings)).
+/// What the batch learns of the retry schedule with its window ([`WINDOW`](sql::WINDOW)).
 struct Start {
     /// A parked subject's retry is due now.
     due: bool,
@@ -88,7 +88,7 @@ impl<'r> Claim<'r> {
             if !lane_run && relay.horizon.wants_sample(Instant::now()) {
                 relay.horizon.sample_on(tx.conn()).await?;
             }
-            let start = begin_settings(&mut tx, relay).await?;
+            begin_settings(&mut tx, relay).await?;
             let safe = if lane_run {
                 relay.horizon.for_lane(Instant::now())
             } else {
@@ -102,7 +102,7 @@ impl<'r> Claim<'r> {
                     tracing::info!(position = %found, "outbox relay found a row before its cursor (a created_at older than its transaction, written by hand or by a clock behind the database's); it goes out now");
                 }
             }
-            let window = range(&mut tx, relay, lane, cursor.start(), None, limit).await?;
+            let (window, start) = window(&mut tx, relay, lane, cursor.start(), limit).await?;
             let mut bound = cursor.advance(&window, limit, safe);
             // the claim reads from the cursor, now at the window's first claimable row
             let mut from = cursor.start();
@@ -345,24 +345,19 @@ fn decode(rows: Vec<PgRow>) -> Result<Vec<Row>> {
         .map_err(|e| OUTBOX_EVENTS.error(e))
 }
 
-/// [`begin_settings`](sql::begin_settings): the batch's transaction, its own settings, and
-/// what it needs to know first.
-async fn begin_settings(tx: &mut Tx, relay: &Relay) -> Result<Start> {
+/// [`begin_settings`](sql::begin_settings): the batch's transaction and its own settings.
+async fn begin_settings(tx: &mut Tx, relay: &Relay) -> Result<()> {
     let statement = sql::begin_settings(
         STATEMENT_TIMEOUT.as_millis(),
         relay.config.idle_in_transaction_timeout().as_millis(),
     );
-    // numbers and a boolean only, the relay's own
-    let row: PgRow = timed(
+    // numbers only, the relay's own
+    timed(
         OUTBOX_RETRIES,
-        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).fetch_one(tx.conn()),
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(tx.conn()),
     )
     .await?;
-    let get = |e| OUTBOX_RETRIES.error(e);
-    Ok(Start {
-        due: row.try_get("due").map_err(get)?,
-        next_retry: row.try_get("next_retry").map_err(get)?,
-    })
+    Ok(())
 }
 
 /// [`RANGE`](sql::RANGE) of `lane`: up to `limit` unpublished rows from `from` on, before `to`
@@ -375,9 +370,41 @@ async fn range(
     to: Option<Position>,
     limit: i64,
 ) -> Result<Window> {
-    let row: PgRow = timed(
+    let row = read_range(tx, sql::RANGE, relay, lane, from, to, limit).await?;
+    decode_window(&row)
+}
+
+/// [`WINDOW`](sql::WINDOW): the cursor's window of `lane` from `from`, up to `limit` rows, and
+/// what the batch needs to know of the retry schedule.
+async fn window(
+    tx: &mut Tx,
+    relay: &Relay,
+    lane: Lane,
+    from: Position,
+    limit: i64,
+) -> Result<(Window, Start)> {
+    let row = read_range(tx, sql::WINDOW, relay, lane, from, None, limit).await?;
+    let get = |e| OUTBOX_RETRIES.error(e);
+    let start = Start {
+        due: row.try_get("due").map_err(get)?,
+        next_retry: row.try_get("next_retry").map_err(get)?,
+    };
+    Ok((decode_window(&row)?, start))
+}
+
+/// Runs `statement`, [`RANGE`](sql::RANGE) or one with its parameters.
+async fn read_range(
+    tx: &mut Tx,
+    statement: &'static str,
+    relay: &Relay,
+    lane: Lane,
+    from: Position,
+    to: Option<Position>,
+    limit: i64,
+) -> Result<PgRow> {
+    timed(
         OUTBOX_RETRIES,
-        sqlx::query(sql::RANGE)
+        sqlx::query(statement)
             .bind(relay.config.partitions)
             .bind(lane.count)
             .bind(lane.index)
@@ -388,7 +415,11 @@ async fn range(
             .bind(limit)
             .fetch_one(tx.conn()),
     )
-    .await?;
+    .await
+}
+
+/// The [`Window`] a range statement read.
+fn decode_window(row: &PgRow) -> Result<Window> {
     let get = |e| OUTBOX_EVENTS.error(e);
     let position = |at: &str, id: &str| -> Result<Option<Position>> {
         let at: Option<Stamp> = row.try_get(at).map_err(get)?;

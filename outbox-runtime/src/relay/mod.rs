@@ -67,6 +67,10 @@ pub fn batch_settings(statement_ms: u128, idle_ms: u128) -> String {
 }
 #[doc(hidden)]
 pub const CLAIM_STATEMENT: &str = sql::CLAIM;
+/// The cursor's window with the retry schedule's columns (`$1` partitions, `$2` lanes, `$3`
+/// lane, `$4`/`$5` the cursor, `$6`/`$7` nulls, `$8` limit), verbatim.
+#[doc(hidden)]
+pub const WINDOW_STATEMENT: &str = sql::WINDOW;
 /// The main claim with its cut at holes (the parameters of [`CLAIM_STATEMENT`]), verbatim.
 #[doc(hidden)]
 pub const CLAIM_CUT_STATEMENT: &str = sql::CLAIM_CUT;

@@ -91,11 +91,9 @@ macro_rules! from {
     };
 }
 
-/// The batch transaction's start, its own settings, and what the batch needs to know first,
-/// in one round trip (the simple query protocol: no parameters, text results): `begin`, then
-/// whether a retry is due now and when the next one comes due (seconds from now, on the
-/// database's clock). `statement_ms`: statement and lock timeout, `idle_ms`:
-/// idle-in-transaction timeout.
+/// The batch transaction's start and its own settings, in one round trip (the simple query
+/// protocol: the text is parsed at every batch, so it holds nothing to plan):
+/// `statement_ms`: statement and lock timeout, `idle_ms`: idle-in-transaction timeout.
 pub(super) fn begin_settings(statement_ms: u128, idle_ms: u128) -> String {
     format!(
         "begin; \
@@ -105,9 +103,7 @@ select set_config('synchronous_commit', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('statement_timeout', '{statement_ms}', true),
        set_config('lock_timeout', '{statement_ms}', true),
-       set_config('idle_in_transaction_session_timeout', '{idle_ms}', true),
-       exists (select 1 from outbox_retries where retry_at <= now()) as due,
-       extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry"
+       set_config('idle_in_transaction_session_timeout', '{idle_ms}', true)"
     )
 }
 
@@ -144,32 +140,55 @@ pub(super) const TRACE_COLUMNS: &str = "select traceparent, tracestate from outb
 
 /// Up to `$8` unpublished rows of the lane (`$1`-`$3`) from `($4, $5)` on, and before `($6,
 /// $7)` when `$6` is not null, in the relay's order: how many, the first whose subject is not
-/// parked (locked or not), and the last. A cursor's window, or a sweep's step below it
-/// ([`Cursor`](super::cursor::Cursor)).
-pub(super) const RANGE: &str = concat!(
-    "with w as (",
-    "  select o.created_at, o.id, o.subject from outbox_events o",
-    "   where o.published_at is null",
-    "     and ",
-    from!("$4", "$5"),
-    "     and o.created_at <= coalesce($6::timestamptz, 'infinity')",
-    "     and ($6::timestamptz is null or (o.created_at, o.id) < ($6::timestamptz, $7::uuid))",
-    "     and ",
-    lane_bounds!("$1", "$2", "$3"),
-    "     and ",
-    in_lane!("$1", "$2", "$3"),
-    "   order by o.created_at, o.id",
-    "   limit $8)",
-    "select (select count(*) from w) as rows,",
-    "       f.created_at as first_at, f.id as first_id,",
-    "       l.created_at as last_at, l.id as last_id",
-    "  from (select 1) as one",
-    "  left join lateral (select w.created_at, w.id from w where not ",
-    parked!("w"),
-    "       order by w.created_at, w.id limit 1) as f on true",
-    "  left join lateral (select w.created_at, w.id from w",
-    "       order by w.created_at desc, w.id desc limit 1) as l on true"
-);
+/// parked (locked or not), and the last. A sweep's step below the cursor, or the scan's read
+/// ahead ([`Cursor`](super::cursor::Cursor)); `$extra` adds columns.
+macro_rules! range {
+    ($($extra:expr)?) => {
+        concat!(
+            "with w as (",
+            "  select o.created_at, o.id, o.subject from outbox_events o",
+            "   where o.published_at is null",
+            "     and ",
+            from!("$4", "$5"),
+            "     and o.created_at <= coalesce($6::timestamptz, 'infinity')",
+            "     and ($6::timestamptz is null or (o.created_at, o.id) < ($6::timestamptz, $7::uuid))",
+            "     and ",
+            lane_bounds!("$1", "$2", "$3"),
+            "     and ",
+            in_lane!("$1", "$2", "$3"),
+            "   order by o.created_at, o.id",
+            "   limit $8)",
+            "select (select count(*) from w) as rows,",
+            "       f.created_at as first_at, f.id as first_id,",
+            "       l.created_at as last_at, l.id as last_id",
+            $($extra,)?
+            "  from (select 1) as one",
+            "  left join lateral (select w.created_at, w.id from w where not ",
+            parked!("w"),
+            "       order by w.created_at, w.id limit 1) as f on true",
+            "  left join lateral (select w.created_at, w.id from w",
+            "       order by w.created_at desc, w.id desc limit 1) as l on true"
+        )
+    };
+}
+pub(super) const RANGE: &str = range!();
+
+/// What a batch needs to know of the retry schedule before its claim: whether a retry is due
+/// now, and when the next one comes due (seconds from now, on the database's clock). Two
+/// probes of the schedule's index; in the window's statement, which is planned once (in the
+/// batch's first statement, parsed and planned at every batch, they cost about 0.1 ms of the
+/// server's time).
+macro_rules! retries {
+    () => {
+        concat!(
+            ", exists (select 1 from outbox_retries where retry_at <= now()) as due,",
+            " extract(epoch from (select min(retry_at) from outbox_retries where retry_at > now()) - now())::float8 as next_retry"
+        )
+    };
+}
+
+/// [`RANGE`] for the cursor's window (`$6` null), with the retry schedule's columns.
+pub(super) const WINDOW: &str = range!(retries!());
 
 /// The heads of the subjects whose retry is due, in the lane (`$2`-`$4`); `$1` limits them. A
 /// due subject's head is its oldest unpublished row (one probe of the subject index, migration
@@ -412,7 +431,7 @@ mod tests {
 
     #[test]
     fn the_statements_over_the_backlog_start_at_a_position_the_index_can_bound() {
-        for (name, sql) in [("CLAIM", CLAIM), ("RANGE", RANGE)] {
+        for (name, sql) in [("CLAIM", CLAIM), ("RANGE", RANGE), ("WINDOW", WINDOW)] {
             let sql = squash(sql);
             assert!(
                 sql.contains("o.created_at >= $") && sql.contains("(o.created_at, o.id) >= ($"),
@@ -430,6 +449,7 @@ mod tests {
         );
         assert!(squash(RANGE).contains(lane_bounds!("$1", "$2", "$3")));
         assert!(squash(RANGE).contains(in_lane!("$1", "$2", "$3")));
+        assert_eq!(WINDOW.replacen(retries!(), "", 1), RANGE);
     }
 
     #[test]

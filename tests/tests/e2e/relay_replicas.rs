@@ -591,6 +591,44 @@ async fn the_claims_look_for_older_rows_probes_the_subject_index() {
     sqlx::query("rollback").execute(&mut *tx).await.unwrap();
 }
 
+/// The batch's window reads the retry schedule (is a retry due, when is the next) through its
+/// index of due retries, in the generic plan the relay's prepared statement runs: two probes,
+/// whatever the schedule holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_windows_look_at_the_retry_schedule_probes_its_index() {
+    let (_ctx, mut tx) = prepared_in_a_batch(outbox_runtime::relay::WINDOW_STATEMENT).await;
+    let plan: serde_json::Value = sqlx::query_scalar(
+        "explain (format json) execute plan_of(1024, 2, 1, \
+         '-infinity', '00000000-0000-0000-0000-000000000000', null, null, 500)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    let nodes = plan_nodes(&plan[0]["Plan"]);
+    let on_schedule = |index: &str| {
+        nodes
+            .iter()
+            .filter(|n| n["Relation Name"] == "outbox_retries" && n["Index Name"] == index)
+            .count()
+    };
+    let seq_scans = nodes
+        .iter()
+        .filter(|n| n["Node Type"] == "Seq Scan")
+        .count();
+    // the due retry and the next one through the index of due retries; the parked subjects of
+    // the window by the schedule's primary key
+    assert!(
+        on_schedule("outbox_retries_due_idx") == 2 && seq_scans == 0,
+        "the window does not probe outbox_retries_due_idx for the schedule; its plan:\n{plan:#}"
+    );
+    assert!(
+        scans_with(&plan, "outbox_events_unpublished_partition_idx", |c| c
+            .contains("hashtext")),
+        "the window does not read its lane's rows by the partition index; its plan:\n{plan:#}"
+    );
+    sqlx::query("rollback").execute(&mut *tx).await.unwrap();
+}
+
 /// The statements of backends of the test's database that wait for a lock.
 pub(crate) async fn waiting_statements(ctx: &Ctx) -> Vec<String> {
     sqlx::query_scalar(
