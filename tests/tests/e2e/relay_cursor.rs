@@ -392,41 +392,56 @@ async fn drop_role(ctx: &Ctx, role: &str, pool: PgPool) {
     }
 }
 
-/// Where `select` on `pg_locks` is revoked from `public`, the relay cannot sample the running
-/// transactions for its horizon; batches driven by their caller (`Relay::run_once`) publish
-/// all the same, in order, with the cursor where it was (`Relay::run`'s lanes: the CLI's
-/// `process::a_relay_that_cannot_sample_...`).
+/// Where `select` on `pg_locks`, `pg_stat_activity` or `pg_prepared_xacts` is revoked from
+/// `public`, the relay cannot sample the running transactions for its horizon; batches driven by
+/// their caller (`Relay::run_once`) publish all the same, in order, with the cursor where it was
+/// (`Relay::run`'s lanes: the CLI's `process::a_relay_that_cannot_sample_...`). Each view in
+/// turn, on a subject of its own, granted again before the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_publish_in_order_where_the_running_transactions_cannot_be_sampled() {
     let ctx = Ctx::new().await;
     ctx.ensure_stream().await;
     let event_type = ctx.event_type("ledger.entry.posted");
-    sqlx::query("revoke select on pg_catalog.pg_locks from public")
+    let (role, pool) = role_pool(&ctx).await;
+    let mut expected = Vec::new();
+    for view in ["pg_locks", "pg_stat_activity", "pg_prepared_xacts"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "revoke select on pg_catalog.{view} from public"
+        )))
         .execute(ctx.pool())
         .await
         .unwrap();
-    let (role, pool) = role_pool(&ctx).await;
-    let refused = sqlx::query("select count(*) from pg_locks")
-        .execute(&pool)
+        let refused = sqlx::query(sqlx::AssertSqlSafe(format!("select count(*) from {view}")))
+            .execute(&pool)
+            .await
+            .expect_err("the role can read the view: nothing is tested");
+        assert!(
+            refused.to_string().contains("permission denied"),
+            "{view}: {refused}"
+        );
+        let ids = insert_ordered(ctx.pool(), &event_type, &format!("acct-{view}"), 300).await;
+        let relay = relay_on(&ctx, pool.clone(), RelayConfig::default()).await;
+        let drained = outbox_testkit::drain(&relay).await;
+        assert_eq!(drained.published, ids.len(), "{view}: every row published");
+        expected.extend(ids.iter().map(Uuid::to_string));
+        let stored: Vec<String> = ctx
+            .read_stream()
+            .await
+            .into_iter()
+            .map(|m| m.msg_id)
+            .collect();
+        assert_eq!(
+            stored, expected,
+            "{view}: the stream has each row once, in order"
+        );
+        drop(relay);
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "grant select on pg_catalog.{view} to public"
+        )))
+        .execute(ctx.pool())
         .await
-        .expect_err("the role cannot read pg_locks: nothing is tested");
-    assert!(
-        refused.to_string().contains("permission denied"),
-        "{refused}"
-    );
-    let ids = insert_ordered(ctx.pool(), &event_type, "acct-1", 300).await;
-    let relay = relay_on(&ctx, pool.clone(), RelayConfig::default()).await;
-    let drained = outbox_testkit::drain(&relay).await;
-    assert_eq!(drained.published, ids.len(), "every row published");
-    let stored: Vec<String> = ctx
-        .read_stream()
-        .await
-        .into_iter()
-        .map(|m| m.msg_id)
-        .collect();
-    let expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    assert_eq!(stored, expected, "the stream has each row once, in order");
-    drop(relay);
+        .unwrap();
+    }
     drop_role(&ctx, &role, pool).await;
     ctx.delete_stream().await;
 }
