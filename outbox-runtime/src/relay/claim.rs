@@ -353,7 +353,7 @@ async fn begin_settings(tx: &mut Tx, relay: &Relay) -> Result<()> {
     );
     // numbers only, the relay's own
     timed(
-        OUTBOX_RETRIES,
+        OUTBOX_EVENTS,
         sqlx::raw_sql(sqlx::AssertSqlSafe(statement)).execute(tx.conn()),
     )
     .await?;

@@ -30,7 +30,8 @@ pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// asynchronously, and a Postgres crash may forget those of the last fraction of a second.
 const RECENT: Duration = Duration::from_secs(10);
 
-/// What a read of up to `limit` rows of a range found ([`RANGE`](super::sql::RANGE)).
+/// What a read of up to `limit` rows of a range found ([`RANGE`](super::sql::RANGE), or the
+/// window's [`WINDOW`](super::sql::WINDOW)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Window {
     /// The rows read: the range's unpublished rows, up to the limit.

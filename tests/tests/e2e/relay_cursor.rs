@@ -394,7 +394,7 @@ async fn drop_role(ctx: &Ctx, role: &str, pool: PgPool) {
 
 /// Where `select` on `pg_locks`, `pg_stat_activity` or `pg_prepared_xacts` is revoked from
 /// `public`, the relay cannot sample the running transactions for its horizon; batches driven by
-/// their caller (`Relay::run_once`) publish all the same, in order, with the cursor where it was
+/// their caller (`Relay::run_once`) publish all the same, each row once and in order
 /// (`Relay::run`'s lanes: the CLI's `process::a_relay_that_cannot_sample_...`). Each view in
 /// turn, on a subject of its own, granted again before the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
