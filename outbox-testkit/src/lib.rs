@@ -29,5 +29,5 @@ pub use proxy::TcpProxy;
 pub use relay::run_relay;
 pub use stream::{read_stream, stream_len, Delivered};
 pub use tls::{Issued, TestCa};
-pub use unique::{free_port, unique_name, unique_token};
+pub use unique::{free_port, unique_name, unique_token, RefusedPort};
 pub use wait::eventually;

@@ -26,3 +26,28 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
         .port()
 }
+
+/// A loopback port that refuses connections for as long as this value lives: a socket bound to
+/// it that never listens, so that nothing else can take the port meanwhile (a port from
+/// [`free_port`] may be taken by another test's listener before it is used, and then something
+/// answers).
+#[derive(Debug)]
+pub struct RefusedPort {
+    socket: tokio::net::TcpSocket,
+}
+
+impl RefusedPort {
+    /// Binds an ephemeral loopback port, without listening on it.
+    pub fn bind() -> RefusedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("a loopback address"))
+            .expect("bind an ephemeral port");
+        RefusedPort { socket }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.socket.local_addr().expect("a bound socket").port()
+    }
+}

@@ -3,7 +3,7 @@
 //! operator-mode server with JWTs the test signs); each failure names its cause, never a
 //! secret.
 
-use outbox_testkit::{eventually, free_port, NatsServer, TestCa, TestDb};
+use outbox_testkit::{eventually, free_port, NatsServer, RefusedPort, TestCa, TestDb};
 
 use crate::support::{
     assert_no_secret, db_url, finish, outbox, relay_args, run, Output, Running, DB_PASSWORD,
@@ -12,7 +12,9 @@ use crate::support::{
 
 #[tokio::test]
 async fn unreachable_services_are_named_with_the_redacted_url_and_the_fix() {
-    let port = free_port();
+    // held to the end of the loop: no other test's listener can take the port meanwhile
+    let refused = RefusedPort::bind();
+    let port = refused.port();
     let url = format!("postgres://app:{DB_PASSWORD}@127.0.0.1:{port}/billing");
     for command in ["status", "migrate", "unblock --all", "prune"] {
         let mut args: Vec<&str> = command.split(' ').collect();
@@ -32,6 +34,7 @@ async fn unreachable_services_are_named_with_the_redacted_url_and_the_fix() {
             out.stderr
         );
     }
+    drop(refused);
 
     // The relay: Postgres reachable, NATS not; the NATS password may also come from the
     // environment. A relay waits for a server that does not answer (it may be starting, or
