@@ -430,10 +430,14 @@ async fn an_idle_relay_frozen_lets_its_notify_lock_and_listener_go_within_second
         notify_lock_holders(&ctx.db).await == 1
     })
     .await;
-    let before = backends(&ctx.db).await;
     let pid = relay.child.id();
     signal(pid, "STOP");
     let frozen_at = tokio::time::Instant::now();
+    // counted once frozen: an idle relay may still open a pooled connection (its sampler, its
+    // gauges), and a connection it was opening at the freeze has its session counted within
+    // moments or never; from then on only the server can end the relay's sessions
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = backends(&ctx.db).await;
     eventually(
         Duration::from_secs(10),
         "the server ends the frozen relay's notify lock",
