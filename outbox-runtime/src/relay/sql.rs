@@ -91,6 +91,36 @@ macro_rules! from {
     };
 }
 
+/// The unpublished rows of the lane (`$p` partitions, lane `$i` of `$c`) from `($at, $id)`
+/// on, up to `($to_at, $to_id)` by `$cmp` when `$to_at` is not null: the predicate of the
+/// ranges ([`RANGE`], whose bound is excluded: `<`) and of the claim ([`CLAIM`], whose bound
+/// is included: `<=`), written once so that they cannot drift apart.
+macro_rules! unpublished_in_lane {
+    (($p:literal, $c:literal, $i:literal), ($at:literal, $id:literal), $cmp:literal, ($to_at:literal, $to_id:literal)) => {
+        concat!(
+            "o.published_at is null",
+            " and ",
+            from!($at, $id),
+            " and o.created_at <= coalesce(",
+            $to_at,
+            "::timestamptz, 'infinity')",
+            " and (",
+            $to_at,
+            "::timestamptz is null or (o.created_at, o.id) ",
+            $cmp,
+            " (",
+            $to_at,
+            "::timestamptz, ",
+            $to_id,
+            "::uuid))",
+            " and ",
+            lane_bounds!($p, $c, $i),
+            " and ",
+            in_lane!($p, $c, $i)
+        )
+    };
+}
+
 /// The batch transaction's start and its own settings, in one round trip (the simple query
 /// protocol: the text is parsed at every batch, so it holds nothing to plan):
 /// `statement_ms`: statement and lock timeout, `idle_ms`: idle-in-transaction timeout.
@@ -147,15 +177,8 @@ macro_rules! range {
         concat!(
             "with w as (",
             "  select o.created_at, o.id, o.subject from outbox_events o",
-            "   where o.published_at is null",
-            "     and ",
-            from!("$4", "$5"),
-            "     and o.created_at <= coalesce($6::timestamptz, 'infinity')",
-            "     and ($6::timestamptz is null or (o.created_at, o.id) < ($6::timestamptz, $7::uuid))",
-            "     and ",
-            lane_bounds!("$1", "$2", "$3"),
-            "     and ",
-            in_lane!("$1", "$2", "$3"),
+            "   where ",
+            unpublished_in_lane!(("$1", "$2", "$3"), ("$4", "$5"), "<", ("$6", "$7")),
             "   order by o.created_at, o.id",
             "   limit $8)",
             "select (select count(*) from w) as rows,",
@@ -231,15 +254,8 @@ macro_rules! claim {
             "select ",
             columns!($($traced)?),
             "  from outbox_events o",
-            " where o.published_at is null",
-            "   and ",
-            from!("$5", "$6"),
-            "   and o.created_at <= coalesce($7::timestamptz, 'infinity')",
-            "   and ($7::timestamptz is null or (o.created_at, o.id) <= ($7::timestamptz, $8::uuid))",
-            "   and ",
-            lane_bounds!("$2", "$3", "$4"),
-            "   and ",
-            in_lane!("$2", "$3", "$4"),
+            " where ",
+            unpublished_in_lane!(("$2", "$3", "$4"), ("$5", "$6"), "<=", ("$7", "$8")),
             "   and not ",
             parked!("o"),
             "   and o.subject not in (select unnest($9::text[]))",
