@@ -135,9 +135,12 @@ impl Cursor {
             .then_some((self.sweep_from, self.start))
     }
 
-    /// When the next sweep step is due.
-    pub(super) fn next_sweep(&self) -> Instant {
-        self.next_sweep
+    /// When the next sweep step is due, if there is anything below the cursor to sweep: a
+    /// cursor at the start of the table (no horizon yet: samples refused, or a transaction
+    /// running since the relay's first sample) has none, and a waiting lane does not wake for
+    /// it (it would wake at once, its step being overdue, and claim in a loop).
+    pub(super) fn next_sweep(&self) -> Option<Instant> {
+        (self.sweep_from < self.start).then_some(self.next_sweep)
     }
 
     /// A sweep step read `window` (up to `limit` rows) at `now`: a claimable row there sends
@@ -319,6 +322,7 @@ mod tests {
             Some(Stamp(1_000)),
         );
         assert_eq!(c.sweep_due(t0), None, "not yet");
+        assert_eq!(c.next_sweep(), Some(t0 + SWEEP_EVERY));
         let t1 = t0 + SWEEP_EVERY;
         assert_eq!(c.sweep_due(t1), Some((Position::START, p(500, 1))));
         // a full step of parked rows: the next goes on after them
@@ -381,6 +385,7 @@ mod tests {
         let t0 = Instant::now();
         let c = Cursor::new(t0);
         assert_eq!(c.sweep_due(t0 + SWEEP_EVERY * 5), None);
+        assert_eq!(c.next_sweep(), None, "nothing to wake for");
     }
 
     #[test]

@@ -237,7 +237,10 @@ impl Relay {
                     if let Some(end) = self.pauses.next_end(now) {
                         until = until.min(end);
                     }
-                    until.min(waits.next_sweep).min(waits.term_ends)
+                    if let Some(sweep) = waits.next_sweep {
+                        until = until.min(sweep);
+                    }
+                    until.min(waits.term_ends)
                 } else {
                     // emits do not notify (the lock is not held, or was taken during the
                     // claim): claim again soon, or as soon as the lock is granted
@@ -390,7 +393,8 @@ struct Waits {
     /// The wake lock's epoch when the batch began ([`Waker::armed_since`](super::wake::Waker)).
     epoch: u64,
     next_retry: Option<Duration>,
-    next_sweep: Instant,
+    /// The next sweep step, when there is anything to sweep.
+    next_sweep: Option<Instant>,
     term_ends: Instant,
 }
 

@@ -704,3 +704,65 @@ async fn a_row_dated_before_the_cursor_goes_out_before_the_newer_rows_of_its_sub
     assert_eq!(order, vec![late.to_string(), newer.to_string()]);
     ctx.delete_stream().await;
 }
+
+/// A transaction running at the relay's first sample began at an unknown time: until it ends
+/// the relay has no horizon, and its cursors stay at the start of the table, with nothing
+/// below them to sweep. Its idle lanes then wait for a commit or the poll as any lane does; they
+/// used to wake for their overdue sweep at once, and claim in a loop. A commit meanwhile is
+/// published, read from the start of the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_relay_without_a_horizon_waits_instead_of_claiming_in_a_loop() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("ledger.entry.posted");
+    let schemas = open_schemas(std::slice::from_ref(&event_type));
+    let mut open = ctx.pool().begin().await.unwrap();
+    sqlx::query("select 1").execute(&mut *open).await.unwrap();
+    let relay = relay(&ctx, RelayConfig::default()).await;
+    let (stop, running) = run_relay(relay.clone());
+    let first = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "billing", "acct-1").numbered(1),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(15),
+        "the first event published",
+        || async { published(ctx.pool(), &[first]).await == 1 },
+    )
+    .await;
+    // past the lanes' first sweep step (a second after they start), which is overdue from
+    // then on for a cursor with nothing below it
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = relay.stats().claims;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = relay.stats().claims - before;
+    // two lanes, each waking for the poll (5 s) at most once in 3 s; in a loop, thousands
+    assert!(claims <= 10, "{claims} claims in 3 s by an idle relay");
+    let second = emit_committed(
+        ctx.pool(),
+        &schemas,
+        raw_event(&event_type, "billing", "acct-1").numbered(2),
+    )
+    .await;
+    eventually(Duration::from_secs(15), "a commit published", || async {
+        published(ctx.pool(), &[second]).await == 1
+    })
+    .await;
+    open.rollback().await.unwrap();
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    let stored: Vec<String> = ctx
+        .read_stream()
+        .await
+        .into_iter()
+        .map(|m| m.msg_id)
+        .collect();
+    assert_eq!(
+        stored,
+        [first.to_string(), second.to_string()],
+        "each once, in order"
+    );
+    ctx.delete_stream().await;
+}
