@@ -125,6 +125,9 @@ impl Horizon {
 /// How often the relay samples the running transactions, at most: only while batches run
 /// (they ask for a sample as they start), so an idle relay samples at its lanes' sweeps.
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+/// How often, at most, while Postgres refuses the samples (a view revoked from `public`): each
+/// refusal is an error in the server's log, and a grant given back is seen within this.
+const REFUSED_SAMPLE_EVERY: Duration = Duration::from_secs(10);
 
 /// The relay's [`Horizon`], shared by its lanes, which read it at every batch. The samples are
 /// taken beside the batches, not in them ([`keep_sampling`](Self::keep_sampling)), so that a
@@ -139,7 +142,8 @@ pub(super) struct SharedHorizon {
     /// Held through a sample and its observation: samples never overlap, so each is observed
     /// after every sample whose locks were read before its own (`Relay::claim` samples too).
     sampling: tokio::sync::Mutex<()>,
-    /// Postgres refused the last sample: warned once until one works.
+    /// Postgres refused the last sample: warned once until one works, and samples are asked
+    /// for every [`REFUSED_SAMPLE_EVERY`] meanwhile.
     refused: AtomicBool,
 }
 
@@ -148,12 +152,18 @@ impl SharedHorizon {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether a sample is wanted at `now`: none was asked for within [`SAMPLE_EVERY`].
+    /// Whether a sample is wanted at `now`: none was asked for within [`SAMPLE_EVERY`], or
+    /// within [`REFUSED_SAMPLE_EVERY`] while Postgres refuses them.
     pub(super) fn wants_sample(&self, now: Instant) -> bool {
+        let every = if self.refused.load(Ordering::Relaxed) {
+            REFUSED_SAMPLE_EVERY
+        } else {
+            SAMPLE_EVERY
+        };
         let mut inner = self.lock();
         let wants = inner
             .1
-            .is_none_or(|t| now.saturating_duration_since(t) >= SAMPLE_EVERY);
+            .is_none_or(|t| now.saturating_duration_since(t) >= every);
         if wants {
             inner.1 = Some(now);
         }
@@ -190,8 +200,10 @@ impl SharedHorizon {
     /// Samples the running transactions on `conn` and observes the sample. An error Postgres
     /// answers with changes nothing and leaves `conn` as it was: the cursors stay where they
     /// are, and the batches go on; a refusal (a privilege on `pg_locks` revoked) is logged at
-    /// warn, once until a sample works again. Any other error (no answer within the batches'
-    /// bound, a connection that failed) is returned, and `conn` is not to be used again.
+    /// warn, once until a sample works again, and the next sample waits
+    /// [`REFUSED_SAMPLE_EVERY`] (each later refusal at debug). Any other error (no answer
+    /// within the batches' bound, a connection that failed) is returned, and `conn` is not to
+    /// be used again.
     pub(super) async fn sample_on(&self, conn: &mut PgConnection) -> Result<()> {
         let _one = self.sampling.lock().await;
         match take(conn).await {
@@ -207,8 +219,10 @@ impl SharedHorizon {
             Err(Error::Database(sqlx::Error::Database(db))) => {
                 if !super::lease::refusal(db.code().as_deref()) {
                     tracing::debug!(error = %db, "outbox relay could not sample the running transactions");
-                } else if !self.refused.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(error = %db, "outbox relay could not sample the running transactions (pg_locks, pg_stat_activity, pg_prepared_xacts: readable by every role unless revoked); it goes on publishing, but its cursors stay where they are, so its claims read more of the table's index until it can");
+                } else if self.refused.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(error = %db, "outbox relay's sample of the running transactions was refused again; it asks again in {REFUSED_SAMPLE_EVERY:?}");
+                } else {
+                    tracing::warn!(error = %db, "outbox relay could not sample the running transactions (pg_locks, pg_stat_activity, pg_prepared_xacts: readable by every role unless revoked); it goes on publishing, but its cursors stay where they are, so its claims read more of the table's index until it can (it asks again every {REFUSED_SAMPLE_EVERY:?})");
                 }
                 Ok(())
             }
@@ -373,5 +387,24 @@ mod tests {
         // a transaction first seen now began after the failed read's predecessor at least
         h.observe(sample(21 * S, &[("9:1/1", None)], &[]));
         assert_eq!(safe(&h), Some(20 * S - MARGIN_MICROS));
+    }
+
+    #[test]
+    fn samples_are_asked_for_every_200_ms_and_every_10_s_while_refused() {
+        let shared = SharedHorizon::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert!(shared.wants_sample(at(0)), "the first sample");
+        assert!(!shared.wants_sample(at(199)));
+        assert!(shared.wants_sample(at(200)));
+        shared.refused.store(true, Ordering::Relaxed);
+        assert!(!shared.wants_sample(at(400)), "refused: not at 200 ms");
+        assert!(!shared.wants_sample(at(10_199)));
+        assert!(shared.wants_sample(at(10_200)), "refused: again after 10 s");
+        shared.refused.store(false, Ordering::Relaxed);
+        assert!(
+            shared.wants_sample(at(10_400)),
+            "given back: every 200 ms again"
+        );
     }
 }
