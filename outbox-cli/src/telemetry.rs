@@ -42,6 +42,12 @@ pub struct Telemetry {
 }
 
 type BoxedLayer = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
+/// A layer over the logs' ([`init`]'s second, the OTLP span exporter's).
+type SpansLayer = Box<
+    dyn Layer<tracing_subscriber::layer::Layered<BoxedLayer, tracing_subscriber::Registry>>
+        + Send
+        + Sync,
+>;
 
 /// Installs the logs in `format` and, when `export` and the `OTEL_*` variables say so, the
 /// OpenTelemetry exporters.
@@ -64,15 +70,19 @@ pub fn init(format: LogFormat, export: bool) -> Result<Telemetry> {
             .with_filter(filter)
             .boxed(),
     };
-    let mut layers = vec![logs];
+    // the OTLP span exporter's layer, when spans are exported; layered beside the logs rather
+    // than collected with them in a `Vec`: in a `Vec`, the logs' filter lost events once it
+    // enabled a target below the default level (`OUTBOX_LOG=info,outbox_runtime=debug` showed
+    // none of the relay's lines)
+    let mut spans: Option<SpansLayer> = None;
     let mut telemetry = Telemetry::default();
     if export {
         let signals = Signals::from_env()?;
         if signals.any() {
-            telemetry = otlp::start(&signals, &mut layers)?;
+            telemetry = otlp::start(&signals, &mut spans)?;
         }
     }
-    tracing_subscriber::registry().with(layers).init();
+    tracing_subscriber::registry().with(logs).with(spans).init();
     Ok(telemetry)
 }
 
@@ -237,10 +247,10 @@ mod otlp {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::Layer as _;
 
-    use super::{BoxedLayer, Signals, Telemetry, SERVICE_NAME};
+    use super::{Signals, SpansLayer, Telemetry, SERVICE_NAME};
     use crate::error::{CliError, Result};
 
-    pub(super) fn start(signals: &Signals, layers: &mut Vec<BoxedLayer>) -> Result<Telemetry> {
+    pub(super) fn start(signals: &Signals, spans: &mut Option<SpansLayer>) -> Result<Telemetry> {
         let failed = |signal: &str, e: &dyn std::fmt::Display| {
             CliError::Telemetry(format!("cannot set up the OTLP {signal} exporter: {e}"))
         };
@@ -258,11 +268,11 @@ mod otlp {
                 .build();
             // the relay's spans only (`outbox.publish` at info; `outbox.batch` is at debug):
             // no other crate's spans or events reach the exporter
-            let spans = Targets::new().with_target("outbox_runtime", LevelFilter::INFO);
-            layers.push(
+            let targets = Targets::new().with_target("outbox_runtime", LevelFilter::INFO);
+            *spans = Some(
                 tracing_opentelemetry::layer()
                     .with_tracer(provider.tracer("outbox"))
-                    .with_filter(spans)
+                    .with_filter(targets)
                     .boxed(),
             );
             telemetry.tracer_provider = Some(provider);
@@ -302,10 +312,10 @@ mod otlp {
 
 #[cfg(not(feature = "opentelemetry"))]
 mod otlp {
-    use super::{BoxedLayer, Signals, Telemetry};
+    use super::{Signals, SpansLayer, Telemetry};
     use crate::error::Result;
 
-    pub(super) fn start(_: &Signals, _: &mut Vec<BoxedLayer>) -> Result<Telemetry> {
+    pub(super) fn start(_: &Signals, _: &mut Option<SpansLayer>) -> Result<Telemetry> {
         eprintln!(
             "warning: OTEL_EXPORTER_OTLP_ENDPOINT is set, but this outbox command was built without its `opentelemetry` feature: nothing is exported"
         );

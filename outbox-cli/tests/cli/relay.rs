@@ -388,6 +388,43 @@ async fn relay_takes_the_deprecated_subject_flag_with_a_warning() {
     );
 }
 
+/// `OUTBOX_LOG` with a target below the default level (the operations guide's example,
+/// `info,outbox_runtime=debug`) adds that target's debug lines and keeps every info line:
+/// the logs' filter used to drop the relay's lines then, its start included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_filter_with_a_debug_target_keeps_the_relays_lines() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let (url, nats) = (db_url(&ctx.db), nats_url());
+    let mut relay = Running::spawn_with_env(
+        relay_args(&url, &nats, &[]),
+        &[("OUTBOX_LOG", "info,outbox_runtime=debug")],
+    );
+    let started = "outbox relay took the lease";
+    eventually(PATIENCE, "the relay's start at info", || {
+        std::future::ready(relay.stderr().contains(started))
+    })
+    .await;
+    eventually(PATIENCE, "a claim's line at debug", || {
+        std::future::ready(
+            relay
+                .stderr()
+                .lines()
+                .any(|l| l.contains("DEBUG") && l.contains("outbox claim reads")),
+        )
+    })
+    .await;
+    relay.terminate();
+    assert_eq!(relay.wait().await, Some(0), "{}", relay.stderr());
+    let log = relay.stderr();
+    assert!(log.contains("relay stopped cleanly"), "{log}");
+    assert!(
+        !log.contains("DEBUG sqlx"),
+        "the other targets stay at info:\n{log}"
+    );
+    ctx.delete_stream().await;
+}
+
 /// Sessions of the test's database holding the relay's notify lock exclusively.
 async fn notify_lock_holders(db: &TestDb) -> i64 {
     sqlx::query_scalar(

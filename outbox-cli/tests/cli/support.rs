@@ -176,9 +176,14 @@ impl Running {
         let (lines, eof) = (stderr.clone(), closed.clone());
         let pipe = child.stderr.take().expect("piped stderr");
         std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
+            // bytes, not `lines()`: a line that is not UTF-8 is kept (lossily), where `lines()`
+            // would end the reading there and lose every later line
+            for line in BufReader::new(pipe).split(b'\n') {
                 match line {
-                    Ok(line) => lines.lock().unwrap().push(line),
+                    Ok(line) => lines
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&line).into_owned()),
                     Err(_) => break,
                 }
             }
