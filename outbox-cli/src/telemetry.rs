@@ -42,7 +42,7 @@ pub struct Telemetry {
 }
 
 type BoxedLayer = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>;
-/// A layer over the logs' ([`init`]'s second, the OTLP span exporter's).
+/// The layer [`init`] puts over the logs' layer: the OTLP span exporter's.
 type SpansLayer = Box<
     dyn Layer<tracing_subscriber::layer::Layered<BoxedLayer, tracing_subscriber::Registry>>
         + Send

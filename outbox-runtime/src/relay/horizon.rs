@@ -123,7 +123,8 @@ impl Horizon {
 }
 
 /// How often the relay samples the running transactions, at most: only while batches run
-/// (they ask for a sample as they start), so an idle relay samples at its lanes' sweeps.
+/// (they ask for a sample as they start), so an idle relay samples at its lanes' sweeps (at
+/// their polls, while it has no horizon and its cursors have nothing below them to sweep).
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 /// How often, at most, while Postgres refuses the samples (a view revoked from `public`): each
 /// refusal is an error in the server's log, and a grant given back is seen within this.
