@@ -372,8 +372,9 @@ async fn a_relay_that_cannot_sample_the_running_transactions_publishes_and_warns
         std::future::ready(relay.stderr().contains(warning))
     })
     .await;
-    // the lanes ask for a sample at every batch and sweep (at most every 200 ms); refused,
-    // the relay asks again 10 s later, and again 10 s after that
+    // the lanes ask for a sample at every batch (at most every 200 ms; without a horizon,
+    // their cursors have nothing to sweep, so an idle lane's batches come at its polls);
+    // refused, the relay asks again 10 s later at the soonest
     let again = "was refused again";
     eventually(PATIENCE, "a second refusal", || {
         std::future::ready(relay.stderr().contains(again))
