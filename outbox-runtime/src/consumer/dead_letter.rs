@@ -93,17 +93,27 @@ fn headers(message: &Message, letter: &Letter<'_>) -> HeaderMap {
     headers
 }
 
+/// Whether the stream stored a letter on this try or had it already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stored {
+    /// Stored now.
+    Now,
+    /// An earlier try of this very letter was stored (its ack was lost, or a redelivery of a
+    /// message that gave up sent it again).
+    Before,
+}
+
 /// Publishes the dead letter of `message` to `subject` and waits for the stream's ack.
 ///
 /// The letter's `Nats-Msg-Id` is its own and the same on every try, so an ack flagged
-/// `duplicate` means an earlier try of this very letter was stored (its ack was lost): the
-/// letter is in the stream either way. The stream the ack names is logged.
+/// `duplicate` means an earlier try of this very letter was stored: the letter is in the
+/// stream either way. The stream the ack names is logged.
 pub(super) async fn publish(
     js: &jetstream::Context,
     subject: &str,
     message: &Message,
     letter: &Letter<'_>,
-) -> Result<()> {
+) -> Result<Stored> {
     let action = || {
         format!(
             "dead-lettering {} to `{subject}` (a stream must capture it)",
@@ -123,11 +133,12 @@ pub(super) async fn publish(
     if ack.duplicate {
         tracing::info!(consumer = letter.consumer, original_id = %letter.original_id, stream = %ack.stream,
             sequence = ack.sequence, "dead letter already stored by an earlier try");
+        Ok(Stored::Before)
     } else {
         tracing::info!(consumer = letter.consumer, original_id = %letter.original_id, stream = %ack.stream,
             sequence = ack.sequence, kind = letter.kind.as_str(), "dead letter stored");
+        Ok(Stored::Now)
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use futures::FutureExt;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::dead_letter::{self, Kind, Letter};
+use super::dead_letter::{self, Kind, Letter, Stored};
 use super::decode::{decode_with, Rejection};
 use super::retry::{count_attempt, forget_attempts, is_transient, recorded_attempts};
 use super::{Consumer, Delivery, Handler, Undecodable};
@@ -60,9 +60,12 @@ pub enum Outcome {
         error: String,
         /// The dead-letter subject it was published to, if any.
         dead_letter: Option<String>,
-        /// It had given up on an earlier delivery (this one was already on its way, an
-        /// `ack_wait` redelivery of a slow attempt): terminated again without calling the
-        /// handler, and not counted again.
+        /// It had given up on an earlier delivery: this one was already on its way (an
+        /// `ack_wait` redelivery of a slow attempt), or comes back because the delivery that
+        /// gave up could not store its dead letter (the publish failed, or the process ended
+        /// first). Terminated without calling the handler and not counted again; its dead
+        /// letter is published again first, and the stream drops the copy of a letter it
+        /// already holds (same `Nats-Msg-Id`, within its duplicate window).
         earlier: bool,
     },
     /// The message could not be decoded; handled by the [`Undecodable`] policy.
@@ -200,17 +203,12 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 tracing::debug!(consumer = %self.name, event_id = %id, behind, ?delay,
                     "held behind an earlier event of its subject");
             }
-            Outcome::GaveUp { earlier: true, .. } => {
-                ack(message, AckKind::Term).await?;
-                self.holds
-                    .release(&delivery.envelope.subject, delivery.stream_sequence);
-                tracing::info!(consumer = %self.name, event_id = %id,
-                    "a redelivery of a message that gave up earlier: terminated without handling");
-            }
             Outcome::GaveUp {
-                error, dead_letter, ..
+                error,
+                dead_letter,
+                earlier,
             } => {
-                self.give_up(message, delivery, error, dead_letter.as_deref())
+                self.give_up(message, delivery, error, dead_letter.as_deref(), *earlier)
                     .await?;
             }
             // Decoding happened before: a rejection never reaches here.
@@ -219,15 +217,28 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         Ok(outcome)
     }
 
-    /// Dead-letters (when configured) and terminates a message that gave up.
+    /// Dead-letters (when configured) and terminates a message that gave up: on the delivery
+    /// whose attempt was the last allowed (counted and reported then), or on a later one
+    /// (`earlier`), which sends the letter again in case that delivery could not.
     async fn give_up(
         &self,
         message: &jetstream::Message,
         delivery: &Delivery<E>,
         error: &str,
         dead_letter: Option<&str>,
+        earlier: bool,
     ) -> Result<()> {
         let id = delivery.id();
+        // The attempts row that says so is committed: the message has given up, whatever
+        // happens to its letter, and a redelivery finds the row and is not handled again.
+        if !earlier {
+            let labels = [("consumer", self.name.to_string())];
+            metrics::counter!(m::CONSUMER_FAILURES, &labels).increment(1);
+            metrics::counter!(m::CONSUMER_GAVE_UP, &labels).increment(1);
+            tracing::error!(consumer = %self.name, event_id = %id, max_attempts = self.config.max_attempts,
+                error = %error, dead_letter = dead_letter.unwrap_or(""),
+                "handler failed on the last allowed attempt; the message gives up (dead-lettered when configured, then terminated; it stays in the stream)");
+        }
         if let Some(subject) = dead_letter {
             let letter = Letter {
                 kind: Kind::GaveUp,
@@ -235,19 +246,17 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 original_id: id.to_string(),
                 reason: error,
             };
+            // on failure the message is nak'd: its redelivery gives up again, without the
+            // handler, and sends the letter again
             self.send_dead_letter(message, subject, &letter).await?;
         }
         ack(message, AckKind::Term).await?;
         self.holds
             .release(&delivery.envelope.subject, delivery.stream_sequence);
-        let labels = [("consumer", self.name.to_string())];
-        metrics::counter!(m::CONSUMER_FAILURES, &labels).increment(1);
-        metrics::counter!(m::CONSUMER_GAVE_UP, &labels).increment(1);
-        tracing::error!(consumer = %self.name, event_id = %id, max_attempts = self.config.max_attempts,
-            error = %error, dead_letter = dead_letter.unwrap_or(""),
-            "handler failed on the last allowed attempt; message terminated (it stays in the stream)");
-        // The attempts row stays: a redelivery already on its way finds it and is terminated
-        // without another handler call.
+        if earlier {
+            tracing::info!(consumer = %self.name, event_id = %id, dead_letter = dead_letter.unwrap_or(""),
+                "a redelivery of a message that gave up earlier: terminated without handling");
+        }
         Ok(())
     }
 
@@ -258,14 +267,20 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         subject: &str,
         letter: &Letter<'_>,
     ) -> Result<()> {
-        if let Err(e) = dead_letter::publish(&self.js, subject, message, letter).await {
-            ack(message, AckKind::Nak(Some(self.config.retry_max))).await?;
-            return Err(e);
+        match dead_letter::publish(&self.js, subject, message, letter).await {
+            Err(e) => {
+                ack(message, AckKind::Nak(Some(self.config.retry_max))).await?;
+                Err(e)
+            }
+            // a letter an earlier try stored is counted once
+            Ok(Stored::Before) => Ok(()),
+            Ok(Stored::Now) => {
+                metrics::counter!(m::CONSUMER_DEAD_LETTERS, "consumer" => self.name.to_string(),
+                    "kind" => if letter.kind == Kind::GaveUp { "gave-up" } else { "undecodable" })
+                .increment(1);
+                Ok(())
+            }
         }
-        metrics::counter!(m::CONSUMER_DEAD_LETTERS, "consumer" => self.name.to_string(),
-            "kind" => if letter.kind == Kind::GaveUp { "gave-up" } else { "undecodable" })
-        .increment(1);
-        Ok(())
     }
 
     /// The database half of [`Consumer::process`], without touching the message: in one
@@ -297,7 +312,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 tx.rollback().await?;
                 return Ok(Outcome::GaveUp {
                     error: format!("gave up after {n} attempts: {error}"),
-                    dead_letter: None,
+                    dead_letter: self.config.dead_letter.clone(),
                     earlier: true,
                 });
             }

@@ -344,6 +344,82 @@ async fn a_handler_that_always_fails_is_terminated_and_reported_after_the_cap() 
     assert_eq!(s.effects().await, (0, 0));
 }
 
+/// The delivery that gives up cannot store its dead letter (no stream captures the subject
+/// yet): the message comes back, and a redelivery stores the letter without calling the
+/// handler again. Found by the harness, where a stream leader on a frozen node refused the
+/// letter and the redelivery terminated the message without one.
+#[tokio::test]
+async fn a_dead_letter_that_could_not_be_stored_when_its_event_gave_up_is_stored_by_a_redelivery() {
+    let s = setup(Duration::from_secs(60)).await;
+    let id = s.emit(5).await;
+    s.drain().await;
+    let name = "unlettered";
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut config = ConsumerConfig::new(name, STREAM);
+    config.max_attempts = 2;
+    config.retry_base = Duration::from_millis(50);
+    config.retry_max = Duration::from_millis(200);
+    config.ack_wait = Duration::from_secs(1);
+    config.dead_letter = Some("letters.unlettered".into());
+    let flaky = Flaky {
+        calls: calls.clone(),
+        fail: u32::MAX,
+    };
+    let (stop, task) = spawn(Consumer::new(
+        s.db.pool.clone(),
+        s.js.clone(),
+        config,
+        flaky,
+    ));
+    eventually(Duration::from_secs(10), "given up", || async {
+        counter("outbox_consumer_gave_up_total", name) == 1
+    })
+    .await;
+    // a few redeliveries fail to store it too, then a stream captures the subject
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    StreamSpec {
+        name: "LETTERS".into(),
+        subjects: vec!["letters.>".into()],
+        storage: StorageType::Memory,
+        ..Default::default()
+    }
+    .ensure(&s.js)
+    .await
+    .expect("create the letters' stream");
+    eventually(Duration::from_secs(10), "the letter stored", || async {
+        outbox_testkit::stream_len(&s.js, "LETTERS").await == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(stop);
+    task.await.expect("consumer task");
+    assert_eq!(
+        outbox_testkit::stream_len(&s.js, "LETTERS").await,
+        1,
+        "one letter, and the message terminated after it"
+    );
+    let letter =
+        s.js.get_stream("LETTERS")
+            .await
+            .expect("stream")
+            .get_last_raw_message_by_subject("letters.unlettered")
+            .await
+            .expect("the dead letter");
+    let original = letter
+        .headers
+        .get("Outbox-Original-Id")
+        .map(|v| v.as_str().to_owned());
+    assert_eq!(original, Some(id.to_string()));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the handler ran max_attempts times, no more"
+    );
+    assert_eq!(counter("outbox_consumer_gave_up_total", name), 1);
+    assert_eq!(counter("outbox_consumer_dead_letters_total", name), 1);
+    assert_eq!(s.effects().await, (0, 0));
+}
+
 #[tokio::test]
 async fn two_replicas_share_ten_thousand_events_and_each_takes_effect_once() {
     const EVENTS: i64 = 10_000;
