@@ -7,6 +7,7 @@ use std::fmt;
 
 use uuid::Uuid;
 
+use crate::consumers::{Fate, CONSUMED_TYPE, STOP_BOUND};
 use crate::history::{
     since, EventRecord, Fault, Outcome, PoisonRecord, Recorded, RelayEnd, Role, Time,
 };
@@ -49,11 +50,17 @@ pub enum Property {
     /// Only the retention task deleted rows, each published at least its keep before; its
     /// passes failed only around a Postgres outage, and it never panicked.
     Pruned,
+    /// Every event of the consumer's type in the stream was applied once, or, if its handler
+    /// fails it every time, given up into one dead letter and never applied.
+    Consumed,
+    /// No consumer replica ended unless the harness killed or stopped it, and stops came in
+    /// time.
+    ConsumersAlive,
 }
 
 impl Property {
     /// Every property, in the order the report gives them.
-    pub const ALL: [Property; 9] = [
+    pub const ALL: [Property; 11] = [
         Property::Delivered,
         Property::CommittedOnly,
         Property::Order,
@@ -63,6 +70,8 @@ impl Property {
         Property::Attempts,
         Property::LocksReleased,
         Property::Pruned,
+        Property::Consumed,
+        Property::ConsumersAlive,
     ];
 
     /// Its name in reports.
@@ -77,6 +86,8 @@ impl Property {
             Property::Attempts => "attempts",
             Property::LocksReleased => "locks-released",
             Property::Pruned => "pruned",
+            Property::Consumed => "consumed",
+            Property::ConsumersAlive => "consumers-alive",
         }
     }
 }
@@ -160,6 +171,8 @@ impl<'a> Checker<'a> {
         out.extend(self.attempts());
         out.extend(self.locks_released());
         out.extend(self.pruned());
+        out.extend(self.consumed());
+        out.extend(self.consumers_alive());
         out
     }
 
@@ -611,6 +624,97 @@ impl<'a> Checker<'a> {
         out
     }
 
+    /// P10: in a run with a consumer, each event of [`CONSUMED_TYPE`] in a stream was applied
+    /// exactly once and has no dead letter, unless its fate is [`Fate::Doomed`]: then it has
+    /// exactly one dead letter and was never applied. Nothing else was applied or
+    /// dead-lettered.
+    fn consumed(&self) -> Vec<Violation> {
+        if self.rec.consumers.is_none() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut streamed: BTreeMap<Uuid, &str> = BTreeMap::new();
+        for m in &self.fin.messages {
+            if m.event_type == CONSUMED_TYPE {
+                streamed.insert(m.id, &m.subject);
+            }
+        }
+        let count = |counts: &HashMap<Uuid, usize>, id: &Uuid| counts.get(id).copied().unwrap_or(0);
+        for (id, subject) in &streamed {
+            let fate = Fate::of(*id);
+            let (applied, letters) = (
+                count(&self.fin.applied, id),
+                count(&self.fin.dead_letters, id),
+            );
+            let expected = if fate == Fate::Doomed { (0, 1) } else { (1, 0) };
+            if (applied, letters) != expected {
+                out.push(Violation {
+                    property: Property::Consumed,
+                    what: format!(
+                        "event {id} (subject {subject}, its handler's fate {fate:?}) was applied {applied} time(s) and has {letters} dead letter(s); expected {} and {}",
+                        expected.0, expected.1
+                    ),
+                    subjects: vec![(*subject).to_owned()],
+                    ids: vec![*id],
+                    span: None,
+                });
+            }
+        }
+        for (what, counts) in [
+            ("applied", &self.fin.applied),
+            ("dead-lettered", &self.fin.dead_letters),
+        ] {
+            for id in counts.keys().filter(|id| !streamed.contains_key(id)) {
+                out.push(Violation {
+                    property: Property::Consumed,
+                    what: format!(
+                        "event {id} was {what}, but no stream holds it as a {CONSUMED_TYPE}"
+                    ),
+                    subjects: Vec::new(),
+                    ids: vec![*id],
+                    span: None,
+                });
+            }
+        }
+        out
+    }
+
+    /// P11: no consumer replica ended unless the harness killed it or asked it to stop, and
+    /// each asked stopped within [`STOP_BOUND`] (a `run` that failed at start is started again
+    /// a second later, and is no violation).
+    fn consumers_alive(&self) -> Vec<Violation> {
+        let Some(c) = &self.rec.consumers else {
+            return Vec::new();
+        };
+        let died = c.died.iter().map(|(at, n, why)| {
+            (
+                *at,
+                format!(
+                    "consumer replica {n} ended at {:+.1} s without being asked to: {why}",
+                    since(self.origin, *at)
+                ),
+            )
+        });
+        let late = c.stopped_late.iter().map(|(at, n)| {
+            (
+                *at,
+                format!(
+                    "consumer replica {n}, asked to stop, had not stopped within {:.0} s",
+                    STOP_BOUND.as_secs_f64()
+                ),
+            )
+        });
+        died.chain(late)
+            .map(|(at, what)| Violation {
+                property: Property::ConsumersAlive,
+                what,
+                subjects: Vec::new(),
+                ids: Vec::new(),
+                span: Some((at - chrono::Duration::seconds(10), at)),
+            })
+            .collect()
+    }
+
     /// Whether fault `f` may cost attempts: a broker that stops answering while the
     /// connection looks up, a relay's silent NATS path, a frozen relay (its deadlines pass
     /// while it sleeps). Strictly, only the frozen relay.
@@ -815,7 +919,7 @@ mod tests {
     use chrono::{TimeZone, Utc};
 
     use super::*;
-    use crate::history::{FaultRecord, LockSample, RelayRecord, RetentionRecord};
+    use crate::history::{ConsumerRecord, FaultRecord, LockSample, RelayRecord, RetentionRecord};
     use crate::schedule::{CreatedAt, FreezeHow, RelayKind, Shape};
 
     fn t(secs: f64) -> Time {
@@ -857,6 +961,8 @@ mod tests {
                     rows: HashMap::new(),
                     retries: Vec::new(),
                     messages: Vec::new(),
+                    applied: HashMap::new(),
+                    dead_letters: HashMap::new(),
                     at: t(100.0),
                 },
                 bounds: Bounds::new(Duration::from_secs(10), false, 0),
@@ -901,6 +1007,7 @@ mod tests {
                 msg_id: id(n).to_string(),
                 id: id(n),
                 subject: subject.into(),
+                event_type: "hx.account.changed".into(),
                 stored_at: t(at),
             });
         }
@@ -1132,6 +1239,66 @@ mod tests {
         assert_eq!(case.violated(), [Property::RelaysAlive]);
         case.rec.relays[0].ended = Some((t(50.0), RelayEnd::StopLate("40 s".into())));
         assert_eq!(case.violated(), [Property::RelaysAlive]);
+    }
+
+    #[test]
+    fn consumed_wants_each_event_applied_once_and_a_doomed_one_only_in_the_dead_letters() {
+        let n_of = |fate| (1..10_000u128).find(|n| Fate::of(id(*n)) == fate).unwrap();
+        let (plain, doomed) = (n_of(Fate::Plain), n_of(Fate::Doomed));
+        let mut case = Case::new();
+        case.event(plain, "s1", 1.0, Some(1.1));
+        case.event(doomed, "s2", 2.0, Some(2.1));
+        // a run without a consumer asks nothing of one
+        assert!(case.check().is_empty(), "{:?}", case.check());
+        case.rec.consumers = Some(ConsumerRecord::default());
+        assert_eq!(case.violated(), [Property::Consumed, Property::Consumed]);
+        case.fin.applied.insert(id(plain), 1);
+        case.fin.dead_letters.insert(id(doomed), 1);
+        assert!(case.check().is_empty(), "{:?}", case.check());
+        // applied twice
+        case.fin.applied.insert(id(plain), 2);
+        assert_eq!(case.violated(), [Property::Consumed]);
+        case.fin.applied.insert(id(plain), 1);
+        // a doomed event applied as well as dead-lettered
+        case.fin.applied.insert(id(doomed), 1);
+        assert_eq!(case.violated(), [Property::Consumed]);
+        case.fin.applied.remove(&id(doomed));
+        // a healthy one dead-lettered as well as applied
+        case.fin.dead_letters.insert(id(plain), 1);
+        assert_eq!(case.violated(), [Property::Consumed]);
+        case.fin.dead_letters.remove(&id(plain));
+        // two dead letters
+        case.fin.dead_letters.insert(id(doomed), 2);
+        assert_eq!(case.violated(), [Property::Consumed]);
+        case.fin.dead_letters.insert(id(doomed), 1);
+        // an event of another type is not the consumer's
+        case.fin.messages[0].event_type = "hx.order.placed".into();
+        assert_eq!(
+            case.violated(),
+            [Property::Consumed],
+            "applied, and not consumed"
+        );
+        case.fin.applied.remove(&id(plain));
+        assert!(case.check().is_empty(), "{:?}", case.check());
+    }
+
+    #[test]
+    fn consumers_alive_refuses_a_replica_that_died_or_stopped_late() {
+        let mut case = Case::new();
+        let mut record = ConsumerRecord::default();
+        record.kills.push((t(10.0), 0));
+        record
+            .failed_starts
+            .push((t(11.0), 0, "connection refused".into()));
+        case.rec.consumers = Some(record);
+        assert!(case.check().is_empty(), "{:?}", case.check());
+        let c = case.rec.consumers.as_mut().unwrap();
+        c.died.push((t(20.0), 1, "it panicked: boom".into()));
+        assert_eq!(case.violated(), [Property::ConsumersAlive]);
+        let c = case.rec.consumers.as_mut().unwrap();
+        c.died.clear();
+        c.stopped_late.push((t(95.0), 1));
+        assert_eq!(case.violated(), [Property::ConsumersAlive]);
     }
 
     #[test]

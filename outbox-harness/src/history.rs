@@ -230,6 +230,21 @@ pub struct RetentionRecord {
     pub silences: Vec<(Time, Option<Time>)>,
 }
 
+/// The consumer of a run: how its replicas ended, each time they did.
+#[derive(Debug, Clone, Default)]
+pub struct ConsumerRecord {
+    /// Replicas whose `run` returned an error other than a configuration conflict: at start,
+    /// where it opens the durable, a broker or database that does not answer is an error, and
+    /// a supervisor starts the replica again a second later (when, which, why).
+    pub failed_starts: Vec<(Time, usize, String)>,
+    /// Replicas that ended without being asked to: a panic, or a configuration conflict.
+    pub died: Vec<(Time, usize, String)>,
+    /// Replicas that, asked to stop at the end, had not stopped within the bound.
+    pub stopped_late: Vec<(Time, usize)>,
+    /// When a replica was killed, and which.
+    pub kills: Vec<(Time, usize)>,
+}
+
 /// Everything recorded during a run.
 #[derive(Debug, Default)]
 pub struct Recorded {
@@ -245,6 +260,8 @@ pub struct Recorded {
     pub locks: Vec<LockSample>,
     /// The retention task, if the run had one.
     pub retention: Option<RetentionRecord>,
+    /// The consumer, if the run had one.
+    pub consumers: Option<ConsumerRecord>,
     /// Every operation as it ran, in words.
     pub log: Vec<(Time, String)>,
 }
@@ -291,6 +308,11 @@ impl History {
                 silences: Vec::new(),
             })
         });
+    }
+
+    /// Changes the record of the consumer, making it if needed.
+    pub fn consumers(&self, f: impl FnOnce(&mut ConsumerRecord)) {
+        self.with(|r| f(r.consumers.get_or_insert_with(ConsumerRecord::default)));
     }
 
     /// A line of the operations log.
@@ -433,6 +455,7 @@ impl History {
             poisons: r.poisons.clone(),
             locks: r.locks.clone(),
             retention: r.retention.clone(),
+            consumers: r.consumers.clone(),
             log: r.log.clone(),
         })
     }

@@ -7,12 +7,16 @@
 //! against a Postgres and nats-servers of its own ([`servers`]), with every relay behind
 //! proxies that can silence or cut its paths ([`proxy`]), records what happened
 //! ([`history`]), and when every fault has healed, judges the relay's promises one property
-//! at a time ([`checker`]). Most runs also delete published rows as they go ([`retention`]). The same seed draws the same schedule.
+//! at a time ([`checker`]). Most runs also delete published rows as they go ([`retention`]);
+//! half of them consume one event type with replicas that are killed and come back, and
+//! whose handler fails some events on purpose ([`consumers`]). The same seed draws the same
+//! schedule.
 //!
 //! The relay is driven through its public surfaces only: `Relay::connect` and `Relay::run`,
 //! the `outbox relay` and `outbox unblock` commands, the contract's tables and the streams.
 
 pub mod checker;
+pub mod consumers;
 pub mod history;
 pub mod ops;
 pub mod proxy;
@@ -33,6 +37,7 @@ use chrono::Utc;
 use tokio::time::Instant;
 
 use crate::checker::{Bounds, Checker, Final};
+use crate::consumers::ConsumerFleet;
 use crate::history::{History, Recorded};
 use crate::relays::Fleet;
 use crate::report::SeedResult;
@@ -188,17 +193,20 @@ async fn judge(
         .expect("look for the outbox binary")?;
     let options = options.clone();
     let task = tokio::spawn(async move { execute(schedule, &options, logs).await });
-    task.await.map_err(|e| {
-        let why = match e.try_into_panic() {
-            Ok(panic) => panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "a panic".to_owned()),
-            Err(e) => e.to_string(),
-        };
-        format!("the harness failed: {why}")
-    })
+    task.await
+        .map_err(|e| format!("the harness failed: {}", panic_message(e)))
+}
+
+/// What a task that did not finish left: its panic's message, or why it was cancelled.
+pub(crate) fn panic_message(e: tokio::task::JoinError) -> String {
+    match e.try_into_panic() {
+        Ok(panic) => panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "a panic".to_owned()),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// The run itself: (stats, violations, details).
@@ -226,10 +234,23 @@ async fn execute(
     let history = Arc::new(History::new());
     let start = Instant::now();
     let fleet = Arc::new(Fleet::new(&servers, history.clone(), schedule.lanes, logs.clone()).await);
-    let retention = match &schedule.retention {
+    let consumers = match &schedule.consumers {
         Some(plan) => {
-            Some(RetentionTask::start(&servers, history.clone(), plan.clone(), start).await)
+            Some(ConsumerFleet::start(&servers, history.clone(), plan.clone(), start).await)
         }
+        None => None,
+    };
+    let retention = match &schedule.retention {
+        Some(plan) => Some(
+            RetentionTask::start(
+                &servers,
+                history.clone(),
+                plan.clone(),
+                consumers.is_some(),
+                start,
+            )
+            .await,
+        ),
         None => None,
     };
     let workload = Arc::new(Workload::new(servers.clone(), history.clone(), start));
@@ -271,10 +292,16 @@ async fn execute(
     let healed = Utc::now();
     history.note("every fault healed");
     settle(&servers, &history, &bounds).await;
+    if let Some(consumers) = &consumers {
+        consumers.settle(&servers, &history).await;
+    }
 
     fleet.stop_all(bounds.stop).await;
     if let Some(retention) = retention {
         retention.stop(&history).await;
+    }
+    if let Some(consumers) = consumers {
+        consumers.stop().await;
     }
     let _ = stop_monitor.send(true);
     while monitor.join_next().await.is_some() {}
@@ -374,14 +401,23 @@ fn stats(rec: &Recorded, fin: &Final, healed: chrono::DateTime<Utc>) -> String {
     let unique: std::collections::HashSet<_> = fin.messages.iter().map(|m| m.id).collect();
     let held = fin.retries.iter().filter(|r| r.retry_at.is_none()).count();
     let pruned = fin.rows.values().filter(|r| r.pruned.is_some()).count();
-    format!(
+    let mut line = format!(
         "events {written} committed {committed} published {published} (pruned {pruned}) stored {} (dup {}) held {held} faults {} relays {}",
         unique.len(),
         fin.messages.len() - unique.len(),
         // the relays' stops at the end are no fault of the schedule's
         rec.faults.iter().filter(|f| f.start < healed).count(),
         rec.relays.len()
-    )
+    );
+    if let Some(c) = &rec.consumers {
+        line.push_str(&format!(
+            " consumed {} (dead letters {}, replica kills {})",
+            fin.applied.values().sum::<usize>(),
+            fin.dead_letters.values().sum::<usize>(),
+            c.kills.len()
+        ));
+    }
+    line
 }
 
 /// Prints `schedule`: its writers' long transactions and every operation but the shared
@@ -397,6 +433,10 @@ pub fn print_schedule(schedule: &schedule::Schedule) {
     match &schedule.retention {
         Some(plan) => println!("  retention: {plan:?}"),
         None => println!("  no retention"),
+    }
+    match &schedule.consumers {
+        Some(plan) => println!("  consumer: {plan:?}"),
+        None => println!("  no consumer"),
     }
     for w in &schedule.writers {
         println!(

@@ -18,6 +18,12 @@ use crate::history::History;
 use crate::schedule::{RetentionPlan, SILENCE_LONGEST};
 use crate::servers::Servers;
 
+/// How much longer dedupe rows are kept beside a consumer: the sizing rule's redelivery
+/// window and outage (docs/consumers.md, *Replays and retention*), for the longest a message
+/// the consumer applied can come again: a broker node down or frozen for 40 s with its ack,
+/// then the ack wait (5 s at most).
+pub const DEDUPE_BESIDE_CONSUMER: Duration = Duration::from_secs(60);
+
 /// A running retention task.
 #[derive(Debug)]
 pub struct RetentionTask {
@@ -29,10 +35,12 @@ pub struct RetentionTask {
 
 impl RetentionTask {
     /// Starts the task `plan` describes, and the silences of its path, counted from `start`.
+    /// Beside a consumer, dedupe rows are kept [`DEDUPE_BESIDE_CONSUMER`] longer.
     pub async fn start(
         servers: &Servers,
         history: Arc<History>,
         plan: RetentionPlan,
+        consumer: bool,
         start: tokio::time::Instant,
     ) -> RetentionTask {
         let proxy = Arc::new(TcpProxy::start(format!("127.0.0.1:{}", servers.pg.port)).await);
@@ -43,11 +51,19 @@ impl RetentionTask {
             .expect("a retention pool");
         let config = RetentionConfig {
             keep_published: plan.keep,
-            keep_dedupe: Some(plan.keep * 2),
+            keep_dedupe: Some(
+                plan.keep * 2
+                    + if consumer {
+                        DEDUPE_BESIDE_CONSUMER
+                    } else {
+                        Duration::ZERO
+                    },
+            ),
             batch_size: plan.batch_size,
             interval: plan.interval,
             busy_percent: plan.busy_percent,
-            // the sizing rule is for consumers that need rows back; the harness has none
+            // the sizing rule's check is of the published rows, which the harness's consumer
+            // never reads back (it reads the stream)
             redelivery_window: Duration::ZERO,
             max_outage: Duration::ZERO,
             ..RetentionConfig::default()

@@ -481,6 +481,47 @@ impl RetentionPlan {
     }
 }
 
+/// The service's consumer, in runs that have one: replicas of `outbox_runtime`'s `Consumer`
+/// under one durable, deduping, whose handler fails some events on purpose (by the event's id,
+/// [`crate::consumers::Fate`]); each replica is killed now and then, and comes back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerPlan {
+    /// How many replicas run.
+    pub replicas: usize,
+    /// `ConsumerConfig::ack_wait`: a slow handler outlasts it.
+    pub ack_wait: Duration,
+    /// When a replica is killed (its task aborted, the message in hand abandoned; from the
+    /// run's start), which, and how long it stays down.
+    pub kills: Vec<(Duration, usize, Duration)>,
+}
+
+impl ConsumerPlan {
+    /// Half the runs get a consumer, drawn from a generator of its own: two or three replicas,
+    /// each kill 3-15 s after the last, down 0.5-5 s.
+    fn draw(mut rng: Rng, duration: Duration) -> Option<ConsumerPlan> {
+        rng.chance(0.5).then(|| {
+            let replicas = rng.pick(&[2, 3]);
+            let ack_wait = rng.millis(Duration::from_secs(2), Duration::from_secs(5));
+            let mut kills = Vec::new();
+            let mut at = Duration::ZERO;
+            loop {
+                at += rng.millis(Duration::from_secs(3), Duration::from_secs(15));
+                if at >= duration {
+                    break;
+                }
+                let replica = rng.index(replicas);
+                let down = rng.millis(Duration::from_millis(500), Duration::from_secs(5));
+                kills.push((at, replica, down));
+            }
+            ConsumerPlan {
+                replicas,
+                ack_wait,
+                kills,
+            }
+        })
+    }
+}
+
 /// An operation and its time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Op {
@@ -507,6 +548,8 @@ pub struct Schedule {
     pub duration: Duration,
     /// The retention task, if the run has one.
     pub retention: Option<RetentionPlan>,
+    /// The consumer, if the run has one.
+    pub consumers: Option<ConsumerPlan>,
 }
 
 impl Schedule {
@@ -634,6 +677,7 @@ pub fn generate(seed: u64, settings: &Settings) -> Schedule {
     };
     let lanes = shape.pick(&[1, 2]);
     let retention = RetentionPlan::draw(root.fork("retention"), settings.duration);
+    let consumers = ConsumerPlan::draw(root.fork("consumers"), settings.duration);
     let mut draft = Draft {
         seed,
         root,
@@ -658,7 +702,7 @@ pub fn generate(seed: u64, settings: &Settings) -> Schedule {
         let at = draft.root.fork("held-many").secs(2, 5);
         draft.push(at, Action::HeldMany { rows });
     }
-    draft.finish(retention)
+    draft.finish(retention, consumers)
 }
 
 #[cfg(test)]

@@ -20,6 +20,8 @@ pub const DATABASE: &str = "harness";
 pub const RELAY_ROLE: &str = "outbox_relay";
 /// The role the retention task logs in as.
 pub const RETENTION_ROLE: &str = "outbox_retention";
+/// The role the consumer's replicas log in as.
+pub const CONSUMER_ROLE: &str = "outbox_consumer";
 /// The run's main stream, capturing [`STREAM_SUBJECTS`].
 pub const STREAM: &str = "HX";
 /// The main stream's `max_msg_size`, so that a row can be refused by the stream for good
@@ -47,6 +49,27 @@ pub const RETENTION_GRANTS: [(&str, &str); 3] = [
     ("outbox_consumed", "select, delete, update (consumed_at)"),
     // the dedupe horizon it records before pruning dedupe rows
     ("outbox_dedupe_horizon", "select, insert, update"),
+];
+
+/// What the consumer role is granted: the consumer lines of `ops/postgres/grants.sql` (its
+/// handler's own table, `harness_applied`, is granted on its own in [`APPLIED_LEDGER`]).
+pub const CONSUMER_GRANTS: [(&str, &str); 6] = [
+    // its dedupe rows, which only retention deletes
+    ("outbox_consumed", "insert"),
+    ("outbox_consumer_attempts", "select, insert, update, delete"),
+    ("outbox_consumer_names", "select, insert, update"),
+    ("outbox_dedupe_horizon", "select"),
+    ("outbox_subject_positions", "select, insert, update"),
+    ("outbox_subject_sequences", "select, insert, update"),
+];
+
+/// What the consumer's handler writes, one row each time it applies an event, in the
+/// consumer's transaction: no key, so an event applied twice shows as two rows.
+pub const APPLIED_LEDGER: [&str; 2] = [
+    "create table harness_applied (event_id uuid not null, subject text not null, \
+       stream_sequence bigint not null, delivered bigint not null, replica int not null, \
+       applied_at timestamptz not null default clock_timestamp())",
+    "grant insert on harness_applied to outbox_consumer",
 ];
 
 /// A ledger of every row deleted from `outbox_events`, written by a trigger in the deleting
@@ -193,8 +216,9 @@ impl Servers {
             .expect("apply the outbox migrations");
         create_role(&admin, RELAY_ROLE, &RELAY_GRANTS).await;
         create_role(&admin, RETENTION_ROLE, &RETENTION_GRANTS).await;
-        for statement in PRUNE_LEDGER {
-            sqlx::query(statement)
+        create_role(&admin, CONSUMER_ROLE, &CONSUMER_GRANTS).await;
+        for statement in PRUNE_LEDGER.iter().chain(&APPLIED_LEDGER) {
+            sqlx::query(*statement)
                 .execute(&admin)
                 .await
                 .unwrap_or_else(|e| panic!("{statement}: {e}"));
@@ -244,6 +268,14 @@ impl Servers {
     /// The retention role's URL of the run's database through the proxy on `port`.
     pub fn retention_url(&self, port: u16) -> String {
         format!("postgres://{RETENTION_ROLE}@127.0.0.1:{port}/{DATABASE}")
+    }
+
+    /// The consumer role's URL of the run's database (straight to Postgres).
+    pub fn consumer_url(&self) -> String {
+        format!(
+            "postgres://{CONSUMER_ROLE}@127.0.0.1:{}/{DATABASE}",
+            self.pg.port
+        )
     }
 
     /// The relay role's URL of the run's database through the proxy on `port`.
@@ -356,13 +388,15 @@ mod tests {
     use super::*;
 
     /// The harness's roles hold exactly their lines of `ops/postgres/grants.sql`, so that a
-    /// grant the relay or retention comes to need fails the harness as it fails a deployment.
+    /// grant the relay, retention or the consumer comes to need fails the harness as it fails
+    /// a deployment.
     #[test]
     fn the_roles_are_granted_their_lines_of_the_grants_file() {
         let file = include_str!("../../ops/postgres/grants.sql");
         for (role, grants) in [
             ("relay_role", &RELAY_GRANTS[..]),
             ("retention_role", &RETENTION_GRANTS[..]),
+            ("consumer_role", &CONSUMER_GRANTS[..]),
         ] {
             let suffix = format!(" to :\"{role}\";");
             let lines: Vec<&str> = file

@@ -1,21 +1,50 @@
 //! The harness's fixed budget for every test run: a few seeds of half a minute each, over one
 //! nats-server and a three-node cluster, with relays as tasks and as `outbox relay` processes,
-//! and one held subject of 100,000 rows. Every property must hold in every seed; a failure
+//! one held subject of 100,000 rows, and a consumer. Every property must hold in every seed; a failure
 //! prints each violation with its part of the history and the command that replays it.
 //!
 //! Longer runs: `cargo run -p outbox-harness -- --minutes 60` (docs/harness.md).
 
 use std::time::Duration;
 
-use outbox_harness::schedule::{RelayMode, Settings, Topology};
+use outbox_harness::schedule::{self, RelayMode, Settings, Topology};
 use outbox_harness::{report, run_seed, Options};
 
-/// (seed, topology, relays, held rows): every topology and kind of relay at least once.
-const BUDGET: [(u64, Topology, RelayMode, Option<u64>); 3] = [
+/// (seed, topology, relays, held rows): every topology and kind of relay at least once, and a
+/// consumer (seed 106 draws one, beside a burst writer on its type).
+const BUDGET: [(u64, Topology, RelayMode, Option<u64>); 4] = [
     (101, Topology::Single, RelayMode::Task, Some(100_000)),
     (102, Topology::Single, RelayMode::Process, None),
     (103, Topology::Cluster, RelayMode::Mixed, None),
+    (106, Topology::Cluster, RelayMode::Mixed, None),
 ];
+
+/// The settings of a budget seed.
+fn settings(topology: Topology, relays: RelayMode, held_rows: Option<u64>) -> Settings {
+    Settings {
+        topology: Some(topology),
+        relays,
+        duration: Duration::from_secs(30),
+        focus: None,
+        held_rows,
+    }
+}
+
+#[test]
+fn the_fixed_seeds_run_a_consumer() {
+    let with_consumer = BUDGET
+        .iter()
+        .filter(|(seed, topology, relays, held_rows)| {
+            schedule::generate(*seed, &settings(*topology, *relays, *held_rows))
+                .consumers
+                .is_some()
+        })
+        .count();
+    assert!(
+        with_consumer >= 1,
+        "no seed of the budget draws a consumer: pick one that does (`--dry-run` prints it)"
+    );
+}
 
 #[test]
 fn the_relay_keeps_its_promises_over_the_fixed_seeds() {
@@ -35,13 +64,7 @@ fn the_relay_keeps_its_promises_over_the_fixed_seeds() {
     let mut results = Vec::new();
     for (seed, topology, relays, held_rows) in BUDGET {
         let options = Options {
-            settings: Settings {
-                topology: Some(topology),
-                relays,
-                duration: Duration::from_secs(30),
-                focus: None,
-                held_rows,
-            },
+            settings: settings(topology, relays, held_rows),
             ..Options::default()
         };
         let result = runtime.block_on(run_seed(seed, &options));

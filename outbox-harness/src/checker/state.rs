@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use futures::TryStreamExt;
 use uuid::Uuid;
 
+use crate::consumers::DEAD_LETTERS;
 use crate::history::Time;
 use crate::servers::Servers;
 
@@ -51,6 +52,8 @@ pub struct Message {
     pub id: Uuid,
     /// The envelope's subject (the entity).
     pub subject: String,
+    /// The envelope's event type.
+    pub event_type: String,
     /// When the stream stored it.
     pub stored_at: Time,
 }
@@ -62,14 +65,18 @@ pub struct Final {
     pub rows: HashMap<Uuid, Row>,
     /// The retry schedule.
     pub retries: Vec<Retry>,
-    /// Every stream's messages.
+    /// Every stream's messages, but the consumer's dead letters.
     pub messages: Vec<Message>,
+    /// How many times the consumer's handler applied each event (`harness_applied`).
+    pub applied: HashMap<Uuid, usize>,
+    /// How many dead letters the consumer's stream holds for each event.
+    pub dead_letters: HashMap<Uuid, usize>,
     /// When it was read.
     pub at: Time,
 }
 
 impl Final {
-    /// Reads the table, the retry schedule and every stream.
+    /// Reads the table, the retry schedule, every stream and what the consumer did.
     pub async fn read(servers: &Servers) -> Final {
         type RowTuple = (
             Uuid,
@@ -101,8 +108,19 @@ impl Final {
             .try_collect()
             .await
             .expect("list the streams");
+        let applied: Vec<Uuid> = sqlx::query_scalar("select event_id from harness_applied")
+            .fetch_all(&servers.admin)
+            .await
+            .expect("read harness_applied");
         let mut messages = Vec::new();
+        let mut dead_letters = HashMap::new();
         for name in names {
+            if name == DEAD_LETTERS {
+                for d in outbox_testkit::read_stream(&servers.js, &name).await {
+                    *dead_letters.entry(d.envelope.id).or_default() += 1;
+                }
+                continue;
+            }
             for d in outbox_testkit::read_stream(&servers.js, &name).await {
                 messages.push(Message {
                     stream: name.clone(),
@@ -110,6 +128,7 @@ impl Final {
                     msg_id: d.msg_id,
                     id: d.envelope.id,
                     subject: d.envelope.subject,
+                    event_type: d.envelope.event_type,
                     stored_at: d.stored_at,
                 });
             }
@@ -140,6 +159,11 @@ impl Final {
                 })
                 .collect(),
             messages,
+            applied: applied.into_iter().fold(HashMap::new(), |mut counts, id| {
+                *counts.entry(id).or_default() += 1;
+                counts
+            }),
+            dead_letters,
             at: chrono::Utc::now(),
         }
     }

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use super::{
-    Action, CreatedAt, Emit, EventSpec, FreezeHow, Insert, Node, Op, Path, PoisonKind, RelayKind,
-    RelayMode, RetentionPlan, Schedule, Settings, Shape, Topology, Writer, EVENT_TYPES, FUTURE,
-    PAST, RELAY_SLOTS,
+    Action, ConsumerPlan, CreatedAt, Emit, EventSpec, FreezeHow, Insert, Node, Op, Path,
+    PoisonKind, RelayKind, RelayMode, RetentionPlan, Schedule, Settings, Shape, Topology, Writer,
+    EVENT_TYPES, FUTURE, PAST, RELAY_SLOTS,
 };
 use crate::rng::Rng;
 
@@ -29,7 +29,11 @@ impl Draft {
         self.ops.push(Op { at, action });
     }
 
-    pub(super) fn finish(mut self, retention: Option<RetentionPlan>) -> Schedule {
+    pub(super) fn finish(
+        mut self,
+        retention: Option<RetentionPlan>,
+        consumers: Option<ConsumerPlan>,
+    ) -> Schedule {
         // stable: operations drawn for the same instant keep their order
         self.ops.sort_by_key(|op| op.at);
         Schedule {
@@ -40,6 +44,7 @@ impl Draft {
             ops: self.ops,
             duration: self.duration,
             retention,
+            consumers,
         }
     }
 
