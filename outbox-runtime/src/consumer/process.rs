@@ -291,12 +291,18 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     /// ack themselves.
     pub async fn apply(&self, delivery: &Delivery<E>) -> Result<Outcome> {
         let mut tx = self.pool.begin().await?;
+        // The dedupe row is locked until the transaction ends, and a redelivery of the event
+        // to another replica waits on it. A replica whose path or process freezes would keep
+        // it waiting for good: the server ends a session idle in this transaction for the ack
+        // wait (by then JetStream redelivers the message anyway).
         let fresh = sqlx::query(
-            "insert into outbox_consumed (consumer, event_id) values ($1, $2) \
+            "with timeout as (select set_config('idle_in_transaction_session_timeout', $3, true)) \
+             insert into outbox_consumed (consumer, event_id) select $1, $2 from timeout \
              on conflict do nothing",
         )
         .bind(&*self.name)
         .bind(delivery.id())
+        .bind(idle_timeout_ms(self.config.ack_wait))
         .execute(&mut *tx)
         .await
         .map_err(|e| OUTBOX_CONSUMED.error(e))?
@@ -392,6 +398,12 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     }
 }
 
+/// `idle_in_transaction_session_timeout` for a message's transaction: the ack wait in
+/// milliseconds, at least 1 (0 would turn the timeout off) and at most what the setting takes.
+fn idle_timeout_ms(ack_wait: Duration) -> String {
+    ack_wait.as_millis().clamp(1, i32::MAX as u128).to_string()
+}
+
 /// A handler that panicked: an attempt that failed, with the panic's message as its reason.
 #[derive(Debug)]
 struct Panicked(String);
@@ -424,4 +436,20 @@ async fn ack(message: &jetstream::Message, kind: AckKind) -> Result<()> {
         .ack_with(kind)
         .await
         .map_err(|e| Error::nats(action, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_timeout_is_the_ack_wait_within_what_postgres_takes() {
+        assert_eq!(idle_timeout_ms(Duration::from_secs(30)), "30000");
+        // 0 would turn the timeout off
+        assert_eq!(idle_timeout_ms(Duration::ZERO), "1");
+        assert_eq!(
+            idle_timeout_ms(Duration::from_secs(40 * 24 * 3600)),
+            i32::MAX.to_string()
+        );
+    }
 }

@@ -420,6 +420,91 @@ async fn a_dead_letter_that_could_not_be_stored_when_its_event_gave_up_is_stored
     assert_eq!(s.effects().await, (0, 0));
 }
 
+/// Silences its own path to Postgres (no close, no reset), then records the event: the
+/// write never arrives, and the transaction that holds the event's dedupe row waits.
+struct SilencesItsPath {
+    proxy: Arc<outbox_testkit::TcpProxy>,
+    calls: Arc<AtomicU32>,
+}
+
+impl Handler<AccountOpened> for SilencesItsPath {
+    async fn handle(
+        &self,
+        delivery: &Delivery<AccountOpened>,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.proxy.freeze();
+        Record.handle(delivery, tx).await
+    }
+}
+
+/// A replica whose path to Postgres goes silent in the middle of a message (a frozen network
+/// path, a frozen process) leaves its transaction open, holding the event's dedupe row. The
+/// server ends that session once it has been idle in its transaction for the ack wait, so the
+/// redelivery to another replica handles the event, once, instead of waiting on the row for
+/// as long as the path stays silent (and handling nothing else meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the_event_from_the_others(
+) {
+    let s = setup(Duration::from_secs(60)).await;
+    s.emit(1).await;
+    s.drain().await;
+    let name = "silent";
+    let direct = s.db.pool.connect_options().as_ref().clone();
+    let proxy = Arc::new(
+        outbox_testkit::TcpProxy::start(format!("{}:{}", direct.get_host(), direct.get_port()))
+            .await,
+    );
+    let silent_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(direct.clone().host("127.0.0.1").port(proxy.port()))
+        .await
+        .expect("a pool through the proxy");
+    let config = || {
+        let mut config = ConsumerConfig::new(name, STREAM);
+        config.retry_base = Duration::from_millis(50);
+        config.retry_max = Duration::from_millis(200);
+        config.ack_wait = Duration::from_secs(2);
+        config
+    };
+    let calls = Arc::new(AtomicU32::new(0));
+    let silencing = SilencesItsPath {
+        proxy: proxy.clone(),
+        calls: calls.clone(),
+    };
+    let (stop_a, task_a) = spawn(Consumer::new(
+        silent_pool,
+        s.js.clone(),
+        config(),
+        silencing,
+    ));
+    eventually(Duration::from_secs(10), "replica a in its handler", || {
+        std::future::ready(calls.load(Ordering::SeqCst) == 1)
+    })
+    .await;
+    let (stop_b, task_b) = spawn(Consumer::new(
+        s.db.pool.clone(),
+        s.js.clone(),
+        config(),
+        Record,
+    ));
+    // redelivered after the ack wait, the event waits for replica a's session to end
+    eventually(
+        Duration::from_secs(15),
+        "the event handled by replica b while replica a's path is silent",
+        || async { s.effects().await == (1, 1) },
+    )
+    .await;
+    proxy.thaw();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    drop((stop_a, stop_b));
+    task_b.await.expect("replica b lives to its shutdown");
+    task_a.await.expect("replica a lives to its shutdown");
+    assert_eq!(s.effects().await, (1, 1), "once");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "replica a got it once");
+}
+
 #[tokio::test]
 async fn two_replicas_share_ten_thousand_events_and_each_takes_effect_once() {
     const EVENTS: i64 = 10_000;
