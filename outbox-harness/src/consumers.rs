@@ -27,6 +27,7 @@ use uuid::Uuid;
 
 use crate::history::History;
 use crate::panic_message;
+use crate::proxy::RelayPaths;
 use crate::rng::Rng;
 use crate::schedule::ConsumerPlan;
 use crate::servers::{Servers, STREAM};
@@ -163,12 +164,14 @@ fn quiet_deliberate_panics() {
     });
 }
 
-/// The consumer's replicas, each under its supervisor.
+/// The consumer's replicas, each under its supervisor and behind proxies of its own.
 #[derive(Debug)]
 pub struct ConsumerFleet {
     stop: watch::Sender<bool>,
     supervisors: Vec<JoinHandle<()>>,
-    killer: JoinHandle<()>,
+    /// The kills and the silences.
+    faults: Vec<JoinHandle<()>>,
+    paths: Vec<Arc<RelayPaths>>,
 }
 
 /// What a supervisor needs to start its replica again.
@@ -195,35 +198,65 @@ impl ConsumerFleet {
         history.consumers(|_| {});
         history.note(format!("the consumer starts: {plan:?}"));
         let (stop, stopped) = watch::channel(false);
-        let nats_urls: Vec<String> = servers
-            .node_ports
-            .iter()
-            .map(|port| format!("nats://127.0.0.1:{port}"))
-            .collect();
         let mut kills = Vec::new();
         let mut supervisors = Vec::new();
+        let mut paths = Vec::new();
         for n in 0..plan.replicas {
+            let path = Arc::new(RelayPaths::start(servers.pg.port, &servers.node_ports).await);
             let (kill, killed) = mpsc::unbounded_channel();
             kills.push(kill);
             let replica = Replica {
                 n,
                 plan: plan.clone(),
-                pg_url: servers.consumer_url(),
-                nats_urls: nats_urls.clone(),
+                pg_url: servers.consumer_url(path.pg.port()),
+                nats_urls: path.nats_url().split(',').map(str::to_owned).collect(),
                 history: history.clone(),
             };
+            paths.push(path);
             supervisors.push(tokio::spawn(replica.supervise(killed, stopped.clone())));
         }
-        let killer = tokio::spawn(async move {
-            for (at, n, down) in plan.kills {
-                tokio::time::sleep_until(start + at).await;
-                let _ = kills[n].send(down);
+        let killer = tokio::spawn({
+            let kills_at = plan.kills.clone();
+            async move {
+                for (at, n, down) in kills_at {
+                    tokio::time::sleep_until(start + at).await;
+                    let _ = kills[n].send(down);
+                }
             }
         });
+        let silences = plan.silences.iter().map(|&(at, n, path, length)| {
+            let (paths, history) = (paths[n].clone(), history.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(start + at).await;
+                paths.freeze(path);
+                history.consumers(|c| c.silences.push((Utc::now(), n)));
+                history.note(format!(
+                    "consumer replica {n}'s {path:?} path silent for {length:?}"
+                ));
+                tokio::time::sleep(length).await;
+                paths.thaw(path);
+                history.note(format!(
+                    "consumer replica {n}'s {path:?} path carries bytes again"
+                ));
+            })
+        });
+        let faults = std::iter::once(killer).chain(silences).collect();
         ConsumerFleet {
             stop,
             supervisors,
-            killer,
+            faults,
+            paths,
+        }
+    }
+
+    /// Ends the kills and silences still to come or under way (the run's heal).
+    pub async fn heal(&mut self) {
+        for fault in self.faults.drain(..) {
+            fault.abort();
+            let _ = fault.await;
+        }
+        for path in &self.paths {
+            path.thaw_everything();
         }
     }
 
@@ -268,11 +301,10 @@ impl ConsumerFleet {
         ));
     }
 
-    /// Stops the kills, then every replica (each finishes the message in hand), recording a
-    /// replica that did not stop within [`STOP_BOUND`].
-    pub async fn stop(self) {
-        self.killer.abort();
-        let _ = self.killer.await;
+    /// Ends the faults, then stops every replica (each finishes the message in hand),
+    /// recording a replica that did not stop within [`STOP_BOUND`].
+    pub async fn stop(mut self) {
+        self.heal().await;
         let _ = self.stop.send(true);
         for supervisor in self.supervisors {
             // a supervisor's own panic is the harness's

@@ -243,6 +243,8 @@ pub struct ConsumerRecord {
     pub stopped_late: Vec<(Time, usize)>,
     /// When a replica was killed, and which.
     pub kills: Vec<(Time, usize)>,
+    /// When a replica's path went silent, and which.
+    pub silences: Vec<(Time, usize)>,
 }
 
 /// Everything recorded during a run.

@@ -234,7 +234,7 @@ async fn execute(
     let history = Arc::new(History::new());
     let start = Instant::now();
     let fleet = Arc::new(Fleet::new(&servers, history.clone(), schedule.lanes, logs.clone()).await);
-    let consumers = match &schedule.consumers {
+    let mut consumers = match &schedule.consumers {
         Some(plan) => {
             Some(ConsumerFleet::start(&servers, history.clone(), plan.clone(), start).await)
         }
@@ -279,6 +279,9 @@ async fn execute(
                 broker.node(n).start().await;
             }
         }
+    }
+    if let Some(consumers) = &mut consumers {
+        consumers.heal().await;
     }
     history.heal_all();
     if !fleet.any_relay().await {
@@ -411,10 +414,11 @@ fn stats(rec: &Recorded, fin: &Final, healed: chrono::DateTime<Utc>) -> String {
     );
     if let Some(c) = &rec.consumers {
         line.push_str(&format!(
-            " consumed {} (dead letters {}, replica kills {})",
+            " consumed {} (dead letters {}, replica kills {}, silences {})",
             fin.applied.values().sum::<usize>(),
             fin.dead_letters.values().sum::<usize>(),
-            c.kills.len()
+            c.kills.len(),
+            c.silences.len()
         ));
     }
     line

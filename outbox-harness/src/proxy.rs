@@ -1,6 +1,6 @@
-//! A relay slot's network paths: a proxy to Postgres and one to each broker node
-//! ([`outbox_testkit::TcpProxy`]), so that a fault can silence or cut one relay's path, or
-//! every relay's path to one node, while the harness's own connections stay up.
+//! A relay slot's network paths, or a consumer replica's: a proxy to Postgres and one to each
+//! broker node ([`outbox_testkit::TcpProxy`]), so that a fault can silence or cut one relay's
+//! path, or every relay's path to one node, while the harness's own connections stay up.
 //!
 //! Faults may overlap on one proxy (a relay's freeze while its path to a frozen node is
 //! silent): each proxy counts the faults that silence it and carries bytes again only when the

@@ -493,11 +493,15 @@ pub struct ConsumerPlan {
     /// When a replica is killed (its task aborted, the message in hand abandoned; from the
     /// run's start), which, and how long it stays down.
     pub kills: Vec<(Duration, usize, Duration)>,
+    /// When a replica's path to Postgres or to every node goes silent (no close, no reset;
+    /// from the run's start), which, and for how long; each ends within the schedule.
+    pub silences: Vec<(Duration, usize, Path, Duration)>,
 }
 
 impl ConsumerPlan {
     /// Half the runs get a consumer, drawn from a generator of its own: two or three replicas,
-    /// each kill 3-15 s after the last, down 0.5-5 s.
+    /// each kill 3-15 s after the last, down 0.5-5 s; each silence of a replica's path 4-20 s
+    /// after the last began, for 1-20 s.
     fn draw(mut rng: Rng, duration: Duration) -> Option<ConsumerPlan> {
         rng.chance(0.5).then(|| {
             let replicas = rng.pick(&[2, 3]);
@@ -513,10 +517,24 @@ impl ConsumerPlan {
                 let down = rng.millis(Duration::from_millis(500), Duration::from_secs(5));
                 kills.push((at, replica, down));
             }
+            // drawn after the rest, so that the kills of a seed are as they were
+            let mut silences = Vec::new();
+            let mut at = Duration::ZERO;
+            loop {
+                at += rng.millis(Duration::from_secs(4), Duration::from_secs(20));
+                let replica = rng.index(replicas);
+                let path = rng.pick(&[Path::Postgres, Path::Nats]);
+                let length = rng.millis(Duration::from_secs(1), Duration::from_secs(20));
+                if at + length >= duration {
+                    break;
+                }
+                silences.push((at, replica, path, length));
+            }
             ConsumerPlan {
                 replicas,
                 ack_wait,
                 kills,
+                silences,
             }
         })
     }

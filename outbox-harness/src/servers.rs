@@ -270,12 +270,9 @@ impl Servers {
         format!("postgres://{RETENTION_ROLE}@127.0.0.1:{port}/{DATABASE}")
     }
 
-    /// The consumer role's URL of the run's database (straight to Postgres).
-    pub fn consumer_url(&self) -> String {
-        format!(
-            "postgres://{CONSUMER_ROLE}@127.0.0.1:{}/{DATABASE}",
-            self.pg.port
-        )
+    /// The consumer role's URL of the run's database through the proxy on `port`.
+    pub fn consumer_url(&self, port: u16) -> String {
+        format!("postgres://{CONSUMER_ROLE}@127.0.0.1:{port}/{DATABASE}")
     }
 
     /// The relay role's URL of the run's database through the proxy on `port`.
