@@ -78,8 +78,10 @@ pub enum Fate {
     Panics,
     /// The first delivery fails transiently (no attempt spent); a later one applies it.
     Transient,
-    /// The first delivery sleeps past the ack wait before it applies the event, so that
-    /// JetStream delivers it again meanwhile, to this replica or another.
+    /// The first delivery sleeps past the ack wait in its transaction: JetStream delivers it
+    /// again meanwhile, to this replica or another, whose dedupe insert waits for the first
+    /// transaction, which the server ends at the ack wait (the first delivery's write then
+    /// fails, and the event is applied by the second).
     Slow,
     /// Every delivery fails: after [`MAX_ATTEMPTS`] the event gives up into the dead letters
     /// and is never applied.
