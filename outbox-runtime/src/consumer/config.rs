@@ -51,10 +51,11 @@ pub struct ConsumerConfig {
     pub stream: String,
     /// How long JetStream waits for an ack before redelivering (default 30 s). A handler must
     /// finish within it. It also bounds how long the message's transaction may sit idle (the
-    /// handler awaiting something other than the database, or a replica whose path or process
+    /// handler awaiting something other than the database, or a replica whose process or path
     /// froze): Postgres ends the session then (`idle_in_transaction_session_timeout`, set for
-    /// that transaction only), so that a redelivery to another replica does not wait on the
-    /// event's dedupe row for good.
+    /// that transaction only, unless the session's own is shorter), so that a redelivery to
+    /// another replica does not wait on the event's dedupe row for good; the handler's try
+    /// then fails transiently (`25P03`).
     pub ack_wait: Duration,
     /// Handler failures after which a message gives up (default 5): it goes to
     /// [`dead_letter`](Self::dead_letter) when set, is terminated and reported. Counted in the

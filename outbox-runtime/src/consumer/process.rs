@@ -58,7 +58,8 @@ pub enum Outcome {
     GaveUp {
         /// The handler's error.
         error: String,
-        /// The dead-letter subject it was published to, if any.
+        /// The dead-letter subject, if one is configured: [`Consumer::process`] published the
+        /// letter there; a caller of [`Consumer::apply`] is to.
         dead_letter: Option<String>,
         /// It had given up on an earlier delivery: this one was already on its way (an
         /// `ack_wait` redelivery of a slow attempt), or comes back because the delivery that
@@ -294,9 +295,16 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         // The dedupe row is locked until the transaction ends, and a redelivery of the event
         // to another replica waits on it. A replica whose path or process freezes would keep
         // it waiting for good: the server ends a session idle in this transaction for the ack
-        // wait (by then JetStream redelivers the message anyway).
+        // wait (by then JetStream redelivers the message anyway), or sooner where the session
+        // already has a shorter timeout (the setting's text, `1500ms` or `1min`, is an
+        // interval's).
         let fresh = sqlx::query(
-            "with timeout as (select set_config('idle_in_transaction_session_timeout', $3, true)) \
+            "with timeout as ( \
+               select set_config('idle_in_transaction_session_timeout', \
+                        case when t.ms between 1 and $3 then t.ms::text else $3::text end, true) \
+                 from (select (extract(epoch from \
+                         current_setting('idle_in_transaction_session_timeout')::interval) \
+                         * 1000)::int8 as ms) t) \
              insert into outbox_consumed (consumer, event_id) select $1, $2 from timeout \
              on conflict do nothing",
         )
@@ -339,10 +347,18 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 Ok(Outcome::Handled)
             }
             Err(error) => {
-                // after a panic too: the handler's writes, whatever it had sent, are undone
-                tx.rollback().await?;
                 let transient = is_transient(&*error);
                 let error = error.to_string();
+                // after a panic too: the handler's writes, whatever it had sent, are undone (a
+                // connection the server ended cannot roll back: the server did; the handler's
+                // error says why, 25P03 for a transaction idle past the ack wait)
+                if let Err(e) = tx.rollback().await {
+                    return if transient {
+                        Ok(self.transient(error))
+                    } else {
+                        Err(e.into())
+                    };
+                }
                 if transient {
                     return Ok(self.transient(error));
                 }
@@ -400,8 +416,8 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
 
 /// `idle_in_transaction_session_timeout` for a message's transaction: the ack wait in
 /// milliseconds, at least 1 (0 would turn the timeout off) and at most what the setting takes.
-fn idle_timeout_ms(ack_wait: Duration) -> String {
-    ack_wait.as_millis().clamp(1, i32::MAX as u128).to_string()
+fn idle_timeout_ms(ack_wait: Duration) -> i64 {
+    ack_wait.as_millis().clamp(1, i32::MAX as u128) as i64
 }
 
 /// A handler that panicked: an attempt that failed, with the panic's message as its reason.
@@ -444,12 +460,12 @@ mod tests {
 
     #[test]
     fn the_idle_timeout_is_the_ack_wait_within_what_postgres_takes() {
-        assert_eq!(idle_timeout_ms(Duration::from_secs(30)), "30000");
+        assert_eq!(idle_timeout_ms(Duration::from_secs(30)), 30_000);
         // 0 would turn the timeout off
-        assert_eq!(idle_timeout_ms(Duration::ZERO), "1");
+        assert_eq!(idle_timeout_ms(Duration::ZERO), 1);
         assert_eq!(
             idle_timeout_ms(Duration::from_secs(40 * 24 * 3600)),
-            i32::MAX.to_string()
+            i64::from(i32::MAX)
         );
     }
 }

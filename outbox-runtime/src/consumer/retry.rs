@@ -29,9 +29,9 @@ pub struct Transient(pub Box<dyn StdError + Send + Sync>);
 /// database error that says nothing about the event: the connection or pool failed, or
 /// Postgres aborted the transaction for concurrency or resource reasons (SQLSTATE class `08`
 /// connection exception, class `40` transaction rollback, `40001` serialization failure and
-/// `40P01` deadlock among them, `55P03` lock not available, `57014` statement timeout or
-/// cancel, `57P01`-`57P03` server shutting down or starting, class `53` insufficient
-/// resources).
+/// `40P01` deadlock among them, `25P03` idle-in-transaction timeout, `55P03` lock not
+/// available, `57014` statement timeout or cancel, `57P01`-`57P03` server shutting down or
+/// starting, class `53` insufficient resources).
 pub fn is_transient(error: &(dyn StdError + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(e) = current {
@@ -65,7 +65,12 @@ fn sqlstate_is_transient(code: &str) -> bool {
     code.starts_with("08")
         || code.starts_with("40")
         || code.starts_with("53")
-        || matches!(code, "55P03" | "57014" | "57P01" | "57P02" | "57P03")
+        // 25P03: the message's transaction sat idle past the ack wait and the server ended
+        // it (a frozen replica, or a handler slower than its ack wait)
+        || matches!(
+            code,
+            "25P03" | "55P03" | "57014" | "57P01" | "57P02" | "57P03"
+        )
 }
 
 /// Counts one handler failure of `event_id` (in its own statement, after the handler's
@@ -133,7 +138,7 @@ mod tests {
     #[test]
     fn connection_concurrency_and_resource_states_are_transient_others_are_not() {
         for code in [
-            "08006", "40001", "40P01", "55P03", "57014", "57P01", "53300",
+            "08006", "40001", "40P01", "25P03", "55P03", "57014", "57P01", "53300",
         ] {
             assert!(sqlstate_is_transient(code), "{code}");
         }

@@ -505,6 +505,68 @@ async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the
     assert_eq!(calls.load(Ordering::SeqCst), 1, "replica a got it once");
 }
 
+/// Reads the idle-in-transaction timeout of the message's transaction.
+struct ReadsItsTimeout {
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Handler<AccountOpened> for ReadsItsTimeout {
+    async fn handle(
+        &self,
+        _: &Delivery<AccountOpened>,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        let timeout: String =
+            sqlx::query_scalar("select current_setting('idle_in_transaction_session_timeout')")
+                .fetch_one(tx)
+                .await?;
+        self.seen.lock().expect("seen").push(timeout);
+        Ok(())
+    }
+}
+
+/// A message's transaction may sit idle for the ack wait, or for less where the session
+/// already says so (a role's or a connection's setting is not loosened); the session's own
+/// setting is back once the transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_transaction_may_sit_idle_for_the_ack_wait_or_the_sessions_shorter_timeout() {
+    let s = setup(Duration::from_secs(60)).await;
+    s.emit(1).await;
+    s.drain().await;
+    let options = s.db.pool.connect_options().as_ref().clone();
+    let stricter = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.options([("idle_in_transaction_session_timeout", "700")]))
+        .await
+        .expect("a pool whose sessions have a shorter timeout");
+    for (name, pool, expected) in [
+        ("timeout-default", s.db.pool.clone(), "3s"),
+        ("timeout-stricter", stricter.clone(), "700ms"),
+    ] {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut config = ConsumerConfig::new(name, STREAM);
+        config.ack_wait = Duration::from_secs(3);
+        let handler = ReadsItsTimeout { seen: seen.clone() };
+        let (stop, task) = spawn(Consumer::new(pool, s.js.clone(), config, handler));
+        eventually(Duration::from_secs(10), "the event handled", || {
+            std::future::ready(!seen.lock().expect("seen").is_empty())
+        })
+        .await;
+        drop(stop);
+        task.await.expect("consumer task");
+        assert_eq!(seen.lock().expect("seen").as_slice(), [expected], "{name}");
+    }
+    let after: String =
+        sqlx::query_scalar("select current_setting('idle_in_transaction_session_timeout')")
+            .fetch_one(&stricter)
+            .await
+            .expect("read the setting");
+    assert_eq!(
+        after, "700ms",
+        "the session's own setting once the transaction ended"
+    );
+}
+
 #[tokio::test]
 async fn two_replicas_share_ten_thousand_events_and_each_takes_effect_once() {
     const EVENTS: i64 = 10_000;

@@ -7,14 +7,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use outbox_runtime::consumer::{Delivery, Handler, HandlerError, Outcome};
+use outbox_runtime::consumer::{
+    Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Outcome,
+};
 use outbox_runtime::order::{advance, advance_in_stream, Freshness, Position};
 use outbox_runtime::{Envelope, OutboxEvent};
 use outbox_testkit::eventually;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::consumer::{counter, setup, spawn, AccountOpened};
+use crate::consumer::{counter, setup, spawn, AccountOpened, STREAM};
 
 /// Applies an event to `projection` only when it is fresh (stream order), remembering each
 /// verdict; the event numbered `hold` keeps its transaction open for `hold_for` after taking
@@ -101,15 +103,25 @@ async fn an_older_event_on_a_second_replica_waiting_for_a_newer_ones_lock_is_sta
     let locked = Arc::new(tokio::sync::Notify::new());
     let newer_handler = Project {
         hold: Some((20, locked.clone())),
-        // within the ack wait (1 s): the server ends a message's transaction idle for longer
-        hold_for: Duration::from_millis(800),
+        hold_for: Duration::from_millis(1_500),
         ..Project::new()
     };
     let older_handler = Project::new();
     let older_verdicts = older_handler.verdicts.clone();
-    // Two replicas under one durable name.
-    let replica_a = Arc::new(s.consumer("race", newer_handler));
-    let replica_b = s.consumer("race", older_handler);
+    // Two replicas under one durable name; an ack wait longer than the hold (the server ends
+    // a message's transaction idle for longer)
+    let config = || {
+        let mut config = ConsumerConfig::new("race", STREAM);
+        config.ack_wait = Duration::from_secs(10);
+        config
+    };
+    let replica_a = Arc::new(Consumer::new(
+        s.db.pool.clone(),
+        s.js.clone(),
+        config(),
+        newer_handler,
+    ));
+    let replica_b = Consumer::new(s.db.pool.clone(), s.js.clone(), config(), older_handler);
     replica_a.durable().await.expect("durable");
     replica_b.durable().await.expect("durable");
     let account = Uuid::now_v7();
@@ -132,7 +144,7 @@ async fn an_older_event_on_a_second_replica_waiting_for_a_newer_ones_lock_is_sta
         .await
         .expect("apply the older event");
     assert!(
-        started.elapsed() >= Duration::from_millis(600),
+        started.elapsed() >= Duration::from_millis(1_000),
         "the older event waited for the newer one's row lock ({:?})",
         started.elapsed()
     );
