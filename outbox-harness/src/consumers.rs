@@ -1,13 +1,13 @@
 //! The service's consumer in a run ([`ConsumerPlan`]): replicas of `outbox_runtime`'s
-//! `Consumer` of [`CONSUMED_TYPE`] under one durable, deduping, logged in as the consumer role
-//! straight to Postgres and to every node. Its handler records each event it applies in
-//! `harness_applied`, in the consumer's transaction, and fails some events on purpose, by
-//! their id ([`Fate`]): a panic, a transient error, a sleep past the ack wait, or every time,
-//! so that they give up into the dead letters. Each replica runs under a supervisor of its
-//! own, which kills it when the plan says (its task aborted, the message in hand abandoned),
-//! starts it again after its time down, and starts it again a second after a `run` that
-//! returned an error at start; everything else that ends a replica is recorded for the
-//! checker's `consumers-alive`.
+//! `Consumer` of [`CONSUMED_TYPE`] under one durable, deduping, logged in as the consumer role,
+//! each replica through proxies of its own to Postgres and to every node, which the plan
+//! silences now and then. Its handler records each event it applies in `harness_applied`, in
+//! the consumer's transaction, and fails some events on purpose, by their id ([`Fate`]): a
+//! panic, a transient error, a sleep past the ack wait, or every time, so that they give up
+//! into the dead letters. Each replica runs under a supervisor of its own, which kills it when
+//! the plan says (its task aborted, the message in hand abandoned), starts it again after its
+//! time down, and starts it again a second after a `run` that returned an error at start;
+//! everything else that ends a replica is recorded for the checker's `consumers-alive`.
 
 use std::sync::{Arc, Once};
 use std::time::Duration;
@@ -426,7 +426,16 @@ async fn asked_to_stop(stop: &mut watch::Receiver<bool>) {
 
 #[cfg(test)]
 mod tests {
+    use outbox_runtime::OutboxEvent;
+
     use super::*;
+    use crate::schedule::EVENT_TYPES;
+
+    #[test]
+    fn the_consumed_type_is_a_type_the_workload_writes() {
+        assert_eq!(AccountChanged::EVENT_TYPE, CONSUMED_TYPE);
+        assert_eq!(EVENT_TYPES[0], CONSUMED_TYPE);
+    }
 
     #[test]
     fn fates_come_in_their_shares_and_stay_with_the_id() {
