@@ -1287,9 +1287,6 @@ mod tests {
         let mut case = Case::new();
         let mut record = ConsumerRecord::default();
         record.kills.push((t(10.0), 0));
-        record
-            .failed_starts
-            .push((t(11.0), 0, "connection refused".into()));
         case.rec.consumers = Some(record);
         assert!(case.check().is_empty(), "{:?}", case.check());
         let c = case.rec.consumers.as_mut().unwrap();

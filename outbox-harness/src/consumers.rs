@@ -180,7 +180,7 @@ pub struct ConsumerFleet {
 #[derive(Debug, Clone)]
 struct Replica {
     n: usize,
-    plan: ConsumerPlan,
+    ack_wait: Duration,
     pg_url: String,
     nats_urls: Vec<String>,
     history: Arc<History>,
@@ -209,7 +209,7 @@ impl ConsumerFleet {
             kills.push(kill);
             let replica = Replica {
                 n,
-                plan: plan.clone(),
+                ack_wait: plan.ack_wait,
                 pg_url: servers.consumer_url(path.pg.port()),
                 nats_urls: path.nats_url().split(',').map(str::to_owned).collect(),
                 history: history.clone(),
@@ -217,13 +217,11 @@ impl ConsumerFleet {
             paths.push(path);
             supervisors.push(tokio::spawn(replica.supervise(killed, stopped.clone())));
         }
-        let killer = tokio::spawn({
-            let kills_at = plan.kills.clone();
-            async move {
-                for (at, n, down) in kills_at {
-                    tokio::time::sleep_until(start + at).await;
-                    let _ = kills[n].send(down);
-                }
+        let kills_at = plan.kills;
+        let killer = tokio::spawn(async move {
+            for (at, n, down) in kills_at {
+                tokio::time::sleep_until(start + at).await;
+                let _ = kills[n].send(down);
             }
         });
         let silences = plan.silences.iter().map(|&(at, n, path, length)| {
@@ -340,7 +338,6 @@ impl Replica {
                     }
                     Ok(Err(e)) => {
                         history.note(format!("consumer replica {n} failed at start: {e}; again in 1 s"));
-                        history.consumers(|c| c.failed_starts.push((Utc::now(), n, e.to_string())));
                         Duration::from_secs(1)
                     }
                     Err(e) => {
@@ -391,7 +388,7 @@ impl Replica {
             .await
             .expect("a client that connects in the background");
         let mut config = ConsumerConfig::new(DURABLE, STREAM);
-        config.ack_wait = self.plan.ack_wait;
+        config.ack_wait = self.ack_wait;
         config.max_attempts = MAX_ATTEMPTS;
         config.retry_base = Duration::from_millis(200);
         config.retry_max = Duration::from_secs(1);
@@ -401,7 +398,7 @@ impl Replica {
         };
         let handler = Apply {
             replica: self.n,
-            ack_wait: self.plan.ack_wait,
+            ack_wait: self.ack_wait,
         };
         let consumer =
             Consumer::<AccountChanged, _>::new(pool, jetstream::new(client), config, handler);

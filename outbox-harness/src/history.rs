@@ -233,11 +233,9 @@ pub struct RetentionRecord {
 /// The consumer of a run: how its replicas ended, each time they did.
 #[derive(Debug, Clone, Default)]
 pub struct ConsumerRecord {
-    /// Replicas whose `run` returned an error other than a configuration conflict: at start,
-    /// where it opens the durable, a broker or database that does not answer is an error, and
-    /// a supervisor starts the replica again a second later (when, which, why).
-    pub failed_starts: Vec<(Time, usize, String)>,
-    /// Replicas that ended without being asked to: a panic, or a configuration conflict.
+    /// Replicas that ended without being asked to: a panic, or a configuration conflict (a
+    /// `run` that returned another error failed at start, where a broker or database that does
+    /// not answer is one: it is only noted, and started again a second later).
     pub died: Vec<(Time, usize, String)>,
     /// Replicas that, asked to stop at the end, had not stopped within the bound.
     pub stopped_late: Vec<(Time, usize)>,

@@ -130,13 +130,20 @@ impl Setup {
         handler: H,
         max_attempts: u32,
     ) -> Consumer<AccountOpened, H> {
-        let mut config = ConsumerConfig::new(name, STREAM);
-        config.max_attempts = max_attempts;
-        config.retry_base = Duration::from_millis(50);
-        config.retry_max = Duration::from_millis(200);
-        config.ack_wait = Duration::from_secs(1);
+        let config = quick_config(name, max_attempts);
         Consumer::new(self.db.pool.clone(), self.js.clone(), config, handler)
     }
+}
+
+/// The suite's consumer configuration: durable `name` on the fixture's stream, giving up after
+/// `max_attempts`, with retries from 50 ms to 200 ms and an ack wait of 1 s.
+pub(crate) fn quick_config(name: &str, max_attempts: u32) -> ConsumerConfig {
+    let mut config = ConsumerConfig::new(name, STREAM);
+    config.max_attempts = max_attempts;
+    config.retry_base = Duration::from_millis(50);
+    config.retry_max = Duration::from_millis(200);
+    config.ack_wait = Duration::from_secs(1);
+    config
 }
 
 /// Records every handled event in `effects`.
@@ -355,11 +362,7 @@ async fn a_dead_letter_that_could_not_be_stored_when_its_event_gave_up_is_stored
     s.drain().await;
     let name = "unlettered";
     let calls = Arc::new(AtomicU32::new(0));
-    let mut config = ConsumerConfig::new(name, STREAM);
-    config.max_attempts = 2;
-    config.retry_base = Duration::from_millis(50);
-    config.retry_max = Duration::from_millis(200);
-    config.ack_wait = Duration::from_secs(1);
+    let mut config = quick_config(name, 2);
     config.dead_letter = Some("letters.unlettered".into());
     let flaky = Flaky {
         calls: calls.clone(),
@@ -462,9 +465,7 @@ async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the
         .await
         .expect("a pool through the proxy");
     let config = || {
-        let mut config = ConsumerConfig::new(name, STREAM);
-        config.retry_base = Duration::from_millis(50);
-        config.retry_max = Duration::from_millis(200);
+        let mut config = quick_config(name, ConsumerConfig::new(name, STREAM).max_attempts);
         config.ack_wait = Duration::from_secs(2);
         config
     };
@@ -650,11 +651,7 @@ async fn a_panicking_handler_is_a_failed_attempt_that_gives_up_into_the_dead_let
     let name = "panicking";
     let subject = "accounts.deadletter.panicking";
     let replica = || {
-        let mut config = ConsumerConfig::new(name, STREAM);
-        config.max_attempts = 3;
-        config.retry_base = Duration::from_millis(50);
-        config.retry_max = Duration::from_millis(200);
-        config.ack_wait = Duration::from_secs(1);
+        let mut config = quick_config(name, 3);
         config.dead_letter = Some(subject.into());
         Consumer::new(
             s.db.pool.clone(),

@@ -359,11 +359,7 @@ async fn a_dead_letter_in_the_events_own_stream_is_stored_with_its_reason_and_or
     s.drain().await;
     let name = "dead-letters";
     let subject = "accounts.deadletter.opened";
-    let mut config = ConsumerConfig::new(name, STREAM);
-    config.max_attempts = 2;
-    config.retry_base = Duration::from_millis(50);
-    config.retry_max = Duration::from_millis(100);
-    config.ack_wait = Duration::from_secs(1);
+    let mut config = crate::consumer::quick_config(name, 2);
     config.dead_letter = Some(subject.into());
     let flaky = Flaky {
         calls: Arc::new(AtomicU32::new(0)),
