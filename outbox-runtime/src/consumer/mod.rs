@@ -18,11 +18,13 @@
 //!    `outbox_consumer_duplicates_total` counts it;
 //! 4. calls the [`Handler`] with the event, its envelope metadata and the transaction;
 //! 5. on `Ok`, commits and only then acks. On `Err`, or a panic in the handler (caught, with
-//!    its message as the error), rolls back and naks with a growing delay.
+//!    its message as the error), undoes the handler's writes and naks with a growing delay.
 //!    A transient error ([`is_transient`]: the database connection lost, a serialization
 //!    failure, a deadlock, a lock timeout, or a [`Transient`] handler error) is retried without
 //!    counting; any other failure counts one attempt in `outbox_consumer_attempts` (migration
-//!    `0006`). The budget is not JetStream's delivery count, which also counts the consumer's
+//!    `0006`), in the message's transaction (rolled back to a savepoint taken before the
+//!    handler), so a redelivery on another replica waiting on the dedupe row reads the count
+//!    when the row is let go. The budget is not JetStream's delivery count, which also counts the consumer's
 //!    own outages and held events. After [`ConsumerConfig::max_attempts`] failures the message
 //!    gives up: it is published to [`ConsumerConfig::dead_letter`] when one is set (and the
 //!    publish acknowledged), terminated, logged at error level and counted in
@@ -145,7 +147,7 @@ impl<E> Delivery<E> {
 ///
 /// `handle` runs inside the transaction that also records the event id; it should write only
 /// to the database through `tx` (the seed's rule 4: record the intent, let an idempotent
-/// worker do outside effects). Returning `Err` rolls everything back and retries the message
+/// worker do outside effects). Returning `Err` undoes its writes and retries the message
 /// (counting an attempt unless the error [is transient](is_transient)). A panic is caught and
 /// counts as an attempt that failed, with the panic's message as its error: the consumer goes
 /// on, and the message gives up after [`ConsumerConfig::max_attempts`] like any other failure.

@@ -287,9 +287,10 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     /// The database half of [`Consumer::process`], without touching the message: in one
     /// transaction, records the event id (a duplicate returns [`Outcome::Duplicate`] and writes
     /// nothing), runs the handler, and commits on success. A handler failure is classified
-    /// ([`is_transient`]) and, unless transient, counted in `outbox_consumer_attempts`. An
-    /// `Err` is a failure of the consumer's own statements (never counted). For callers that
-    /// ack themselves.
+    /// ([`is_transient`]) and, unless transient, counted in `outbox_consumer_attempts` in the
+    /// same transaction (the handler's writes rolled back to a savepoint), which then deletes
+    /// the dedupe row and commits. An `Err` is a failure of the consumer's own statements
+    /// (never counted). For callers that ack themselves.
     pub async fn apply(&self, delivery: &Delivery<E>) -> Result<Outcome> {
         let mut tx = self.pool.begin().await?;
         // The dedupe row is locked until the transaction ends, and a redelivery of the event
@@ -331,54 +332,61 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 });
             }
         }
+        // The handler's writes can be undone without letting go of the dedupe row: a failed
+        // attempt is counted while the row still holds back a redelivery on another replica
+        // (one that came after the ack wait), so that redelivery reads the count. Counted after
+        // the row's release, it could run the handler once more after the last attempt had
+        // given up: applied and dead-lettered.
+        sqlx::query("savepoint outbox_handler")
+            .execute(&mut *tx)
+            .await?;
         // A panic in the handler is one of its failures, with the panic's message: caught
         // here, so that it neither ends the consumer nor comes back forever to every replica.
         let handled = AssertUnwindSafe(self.handler.handle(delivery, &mut tx))
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| Err(Box::new(Panicked(panic_message(&*panic)))));
-        match handled {
+        let error = match handled {
             Ok(()) => {
                 // Only a redelivery can have attempts recorded.
                 if delivery.delivered > 1 {
                     forget_attempts(&mut tx, &self.name, delivery.id()).await?;
                 }
                 tx.commit().await?;
-                Ok(Outcome::Handled)
+                return Ok(Outcome::Handled);
             }
-            Err(error) => {
-                let transient = is_transient(&*error);
-                let error = error.to_string();
-                // after a panic too: the handler's writes, whatever it had sent, are undone (a
-                // connection the server ended cannot roll back: the server did; the handler's
-                // error says why, 25P03 for a transaction idle past the ack wait)
-                if let Err(e) = tx.rollback().await {
-                    return if transient {
-                        Ok(self.transient(error))
-                    } else {
-                        Err(e.into())
-                    };
-                }
-                if transient {
-                    return Ok(self.transient(error));
-                }
-                self.transient_streak.store(0, Ordering::Relaxed);
-                let attempt = count_attempt(&self.pool, &self.name, delivery.id(), &error).await?;
-                Ok(if attempt >= self.config.max_attempts {
-                    Outcome::GaveUp {
-                        error,
-                        dead_letter: self.config.dead_letter.clone(),
-                        earlier: false,
-                    }
-                } else {
-                    Outcome::Retry {
-                        delay: self.config.backoff(attempt),
-                        error,
-                        attempt,
-                    }
-                })
-            }
+            Err(error) => error,
+        };
+        let transient = is_transient(&*error);
+        let error = error.to_string();
+        // After a panic too, the handler's writes, whatever it had sent, are undone.
+        if transient {
+            // No attempt spent: the dedupe row goes with the rest. A connection the server
+            // ended cannot roll back (the server did); the handler's error says why, 25P03
+            // for a transaction idle past the ack wait.
+            let _ = tx.rollback().await;
+            return Ok(self.transient(error));
         }
+        sqlx::query("rollback to savepoint outbox_handler")
+            .execute(&mut *tx)
+            .await?;
+        self.transient_streak.store(0, Ordering::Relaxed);
+        // counted, and the dedupe row let go of, in one commit
+        let attempt = count_attempt(&mut tx, &self.name, delivery.id(), &error).await?;
+        tx.commit().await?;
+        Ok(if attempt >= self.config.max_attempts {
+            Outcome::GaveUp {
+                error,
+                dead_letter: self.config.dead_letter.clone(),
+                earlier: false,
+            }
+        } else {
+            Outcome::Retry {
+                delay: self.config.backoff(attempt),
+                error,
+                attempt,
+            }
+        })
     }
 
     async fn reject(&self, message: &jetstream::Message, rejection: Rejection) -> Result<Outcome> {

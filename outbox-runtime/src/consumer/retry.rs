@@ -4,7 +4,6 @@
 
 use std::error::Error as StdError;
 
-use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::Error;
@@ -73,17 +72,20 @@ fn sqlstate_is_transient(code: &str) -> bool {
         )
 }
 
-/// Counts one handler failure of `event_id` (in its own statement, after the handler's
-/// transaction rolled back) and returns the attempts so far. An error here is the database's,
-/// so the caller treats it as transient.
+/// Counts one handler failure of `event_id` and deletes its dedupe row, through `conn`: in
+/// the transaction that inserted the row, after the handler's writes were rolled back to a
+/// savepoint, so that the count commits as the row goes. Returns the attempts so far. An
+/// error here is the database's, so the caller treats it as transient.
 pub(super) async fn count_attempt(
-    pool: &PgPool,
+    conn: &mut sqlx::PgConnection,
     consumer: &str,
     event_id: Uuid,
     error: &str,
 ) -> crate::Result<u32> {
     let attempts: i32 = sqlx::query_scalar(
-        "insert into outbox_consumer_attempts as a (consumer, event_id, attempts, last_error) \
+        "with unrecorded as ( \
+           delete from outbox_consumed where consumer = $1 and event_id = $2) \
+         insert into outbox_consumer_attempts as a (consumer, event_id, attempts, last_error) \
          values ($1, $2, 1, $3) \
          on conflict (consumer, event_id) do update \
            set attempts = a.attempts + 1, last_error = excluded.last_error, updated_at = now() \
@@ -92,7 +94,7 @@ pub(super) async fn count_attempt(
     .bind(consumer)
     .bind(event_id)
     .bind(error)
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await
     .map_err(|e| CONSUMER_ATTEMPTS.error(e))?;
     Ok(u32::try_from(attempts).unwrap_or(0))

@@ -506,6 +506,133 @@ async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the
     assert_eq!(calls.load(Ordering::SeqCst), 1, "replica a got it once");
 }
 
+/// Fails its first call, but only once another session waits on the message's transaction
+/// (a redelivery of the event on another replica, waiting on the dedupe row), or after 15 s;
+/// records the event on any later call.
+struct FailsOnceWaitedOn {
+    calls: Arc<AtomicU32>,
+}
+
+impl Handler<AccountOpened> for FailsOnceWaitedOn {
+    async fn handle(
+        &self,
+        delivery: &Delivery<AccountOpened>,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+            return Record.handle(delivery, tx).await;
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        // statements keep the transaction busy, so the idle timeout does not end it
+        while tokio::time::Instant::now() < deadline {
+            let waited_on: bool = sqlx::query_scalar(
+                "select exists (select 1 from pg_locks \
+                  where not granted and pg_backend_pid() = any(pg_blocking_pids(pid)))",
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            if waited_on {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err("the last attempt fails while a redelivery waits".into())
+    }
+}
+
+/// The last allowed attempt fails while an `ack_wait` redelivery of the event, on another
+/// replica, waits on its dedupe row. The failure is counted before the row is let go, so the
+/// redelivery finds the event given up: dead-lettered once, never applied. Counted after the
+/// row's release, the redelivery ran the handler again, and the event was both applied and
+/// dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_waiting_on_a_failing_last_attempt_finds_the_event_given_up() {
+    let s = setup(Duration::from_secs(60)).await;
+    let id = s.emit(1).await;
+    s.drain().await;
+    StreamSpec {
+        name: "LETTERS".into(),
+        subjects: vec!["letters.>".into()],
+        storage: StorageType::Memory,
+        ..Default::default()
+    }
+    .ensure(&s.js)
+    .await
+    .expect("create the letters' stream");
+    let name = "busy-last";
+    let mut config = quick_config(name, 1);
+    config.dead_letter = Some("letters.busy-last".into());
+    let calls = Arc::new(AtomicU32::new(0));
+    let a = Arc::new(Consumer::new(
+        s.db.pool.clone(),
+        s.js.clone(),
+        config.clone(),
+        FailsOnceWaitedOn {
+            calls: calls.clone(),
+        },
+    ));
+    let b = Consumer::new(s.db.pool.clone(), s.js.clone(), config, Record);
+    // The test pulls for both replicas, so the redelivery cannot go to the busy one.
+    let durable = a.durable().await.expect("open the durable");
+    let pull = || async {
+        durable
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(10))
+            .messages()
+            .await
+            .expect("pull")
+            .next()
+            .await
+            .expect("a message within 10 s")
+            .expect("a message")
+    };
+    let first = pull().await;
+    let replica_a = {
+        let a = a.clone();
+        tokio::spawn(async move { a.process(first).await })
+    };
+    // redelivered after the ack wait (1 s) while replica a is still in its handler
+    let again = pull().await;
+    assert!(again.info().expect("info").delivered > 1, "a redelivery");
+    let by_b = b.process(again).await.expect("replica b settles it");
+    let by_a = replica_a
+        .await
+        .expect("replica a's task")
+        .expect("replica a settles it");
+    assert!(
+        matches!(by_a, Outcome::GaveUp { earlier: false, .. }),
+        "replica a's last attempt gives up: {by_a:?}"
+    );
+    assert!(
+        matches!(by_b, Outcome::GaveUp { earlier: true, .. }),
+        "replica b finds it given up: {by_b:?}"
+    );
+    assert_eq!(s.effects().await, (0, 0), "never applied");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one attempt, the allowed one"
+    );
+    assert_eq!(
+        outbox_testkit::stream_len(&s.js, "LETTERS").await,
+        1,
+        "one dead letter"
+    );
+    let letter =
+        s.js.get_stream("LETTERS")
+            .await
+            .expect("stream")
+            .get_last_raw_message_by_subject("letters.busy-last")
+            .await
+            .expect("the dead letter");
+    let original = letter
+        .headers
+        .get("Outbox-Original-Id")
+        .map(|v| v.as_str().to_owned());
+    assert_eq!(original, Some(id.to_string()));
+}
+
 /// Reads the idle-in-transaction timeout of the message's transaction.
 struct ReadsItsTimeout {
     seen: Arc<std::sync::Mutex<Vec<String>>>,
