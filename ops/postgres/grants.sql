@@ -42,10 +42,11 @@ grant select, insert, update on outbox_relay_lease to :"relay_role";
 -- notification, needs no right.)
 grant insert (id, event_type, source, subject, time, data, created_at, traceparent, tracestate) on outbox_events to :"emitter_role";
 
--- A consumer: its dedupe rows (inserted, never read: the primary key refuses a second), its
+-- A consumer: its dedupe rows (inserted; the primary key refuses a second; deleted by its key in
+-- the transaction that inserted it when the handler fails, as the failure is counted), its
 -- handler attempts, its name, the dedupe horizon a re-created durable starts at, and the
 -- per-subject positions of `Delivery::freshness` and `order::advance`.
-grant insert on outbox_consumed to :"consumer_role";
+grant select (consumer, event_id), insert, delete on outbox_consumed to :"consumer_role";
 grant select, insert, update, delete on outbox_consumer_attempts to :"consumer_role";
 grant select, insert, update on outbox_consumer_names to :"consumer_role";
 grant select on outbox_dedupe_horizon to :"consumer_role";

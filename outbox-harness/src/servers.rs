@@ -54,8 +54,11 @@ pub const RETENTION_GRANTS: [(&str, &str); 3] = [
 /// What the consumer role is granted: the consumer lines of `ops/postgres/grants.sql` (its
 /// handler's own table, `harness_applied`, is granted on its own in [`APPLIED_LEDGER`]).
 pub const CONSUMER_GRANTS: [(&str, &str); 6] = [
-    // its dedupe rows, which only retention deletes
-    ("outbox_consumed", "insert"),
+    // its dedupe rows: a failed attempt deletes the one it inserted
+    (
+        "outbox_consumed",
+        "select (consumer, event_id), insert, delete",
+    ),
     ("outbox_consumer_attempts", "select, insert, update, delete"),
     ("outbox_consumer_names", "select, insert, update"),
     ("outbox_dedupe_horizon", "select"),
