@@ -86,11 +86,19 @@ pub enum Fate {
     /// Every delivery fails: after [`MAX_ATTEMPTS`] the event gives up into the dead letters
     /// and is never applied.
     Doomed,
+    /// Each of the first [`MAX_ATTEMPTS`] deliveries is busy in a statement past the ack wait
+    /// and then fails; a later delivery applies it. JetStream delivers it again while each
+    /// attempt runs, and that delivery waits on the attempt's dedupe row. Deliveries that
+    /// spend no attempt (a replica killed, a hold, a transient failure) leave a later one
+    /// within the budget, so the event ends either dead-lettered or applied, never both: a
+    /// delivery that ran once the last attempt failed but before it was counted would apply it
+    /// after it gave up.
+    SlowToFail,
 }
 
 impl Fate {
-    /// The fate of event `id`: 1 in 64 each panicking and transient, 1 in 256 each slow and
-    /// doomed. Rare enough that a subject of a burst writer, hundreds of events each held
+    /// The fate of event `id`: 1 in 64 each panicking and transient, 1 in 256 each slow,
+    /// doomed and slow to fail. Rare enough that a subject of a burst writer, hundreds of events each held
     /// behind its subject's failing one at the replica that saw the failure, drains within
     /// seconds.
     pub fn of(id: Uuid) -> Fate {
@@ -101,6 +109,7 @@ impl Fate {
             1..=4 => Fate::Panics,
             5..=8 => Fate::Transient,
             9 => Fate::Slow,
+            10 => Fate::SlowToFail,
             _ => Fate::Plain,
         }
     }
@@ -130,6 +139,14 @@ impl Handler<AccountChanged> for Apply {
                 )))
             }
             Fate::Slow if first => tokio::time::sleep(self.ack_wait + Duration::from_secs(1)).await,
+            Fate::SlowToFail if delivery.delivered <= u64::from(MAX_ATTEMPTS) => {
+                // busy, not idle: the idle timeout does not end it
+                sqlx::query("select pg_sleep($1)")
+                    .bind((self.ack_wait + Duration::from_millis(500)).as_secs_f64())
+                    .execute(&mut *tx)
+                    .await?;
+                return Err("the harness's handler fails this event slowly".into());
+            }
             _ => {}
         }
         sqlx::query(
@@ -445,6 +462,7 @@ mod tests {
             (Fate::Panics, 1_000),
             (Fate::Transient, 1_000),
             (Fate::Slow, 250),
+            (Fate::SlowToFail, 250),
         ] {
             let n = share(fate);
             assert!(n.abs_diff(expected) < expected / 5, "{fate:?}: {n}");
