@@ -9,8 +9,11 @@ use crate::error::{Error, Result};
 /// Why a message is dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
-    /// The handler failed `max_attempts` times.
-    GaveUp,
+    /// The handler failed `max_attempts` times; `attempts` is the count that gave up.
+    GaveUp {
+        /// The handler failures counted, the last included.
+        attempts: u32,
+    },
     /// The message cannot be decoded.
     Undecodable,
 }
@@ -18,7 +21,7 @@ pub(super) enum Kind {
 impl Kind {
     fn as_str(self) -> &'static str {
         match self {
-            Kind::GaveUp => "gave-up",
+            Kind::GaveUp { .. } => "gave-up",
             Kind::Undecodable => "undecodable",
         }
     }
@@ -68,10 +71,7 @@ fn headers(message: &Message, letter: &Letter<'_>) -> HeaderMap {
         }
     }
     let original_id = header_value(&letter.original_id);
-    headers.insert(
-        "Nats-Msg-Id",
-        format!("dead-letter:{}:{original_id}", letter.consumer).as_str(),
-    );
+    headers.insert("Nats-Msg-Id", letter_id(letter, &original_id).as_str());
     headers.insert("Outbox-Dead-Letter-Kind", letter.kind.as_str());
     headers.insert(
         "Outbox-Rejected-Reason",
@@ -91,6 +91,18 @@ fn headers(message: &Message, letter: &Letter<'_>) -> HeaderMap {
         );
     }
     headers
+}
+
+/// The letter's `Nats-Msg-Id`: the same on every try of one letter, so the stream keeps one;
+/// a letter of a replayed event that gave up again is another (its count of attempts is
+/// higher), so it is stored even within the stream's duplicate window.
+fn letter_id(letter: &Letter<'_>, original_id: &str) -> String {
+    match letter.kind {
+        Kind::GaveUp { attempts } => {
+            format!("dead-letter:{}:{original_id}:{attempts}", letter.consumer)
+        }
+        Kind::Undecodable => format!("dead-letter:{}:{original_id}", letter.consumer),
+    }
 }
 
 /// Whether the stream stored a letter on this try or had it already.
@@ -143,7 +155,25 @@ pub(super) async fn publish(
 
 #[cfg(test)]
 mod tests {
-    use super::header_value;
+    use super::*;
+
+    #[test]
+    fn a_letter_that_gave_up_is_named_by_its_count_of_attempts_too() {
+        let letter = |kind| Letter {
+            kind,
+            consumer: "billing",
+            original_id: "e1".into(),
+            reason: "no",
+        };
+        let first = letter(Kind::GaveUp { attempts: 5 });
+        let replayed = letter(Kind::GaveUp { attempts: 6 });
+        assert_eq!(letter_id(&first, "e1"), "dead-letter:billing:e1:5");
+        assert_ne!(letter_id(&first, "e1"), letter_id(&replayed, "e1"));
+        assert_eq!(
+            letter_id(&letter(Kind::Undecodable), "sequence-7"),
+            "dead-letter:billing:sequence-7"
+        );
+    }
 
     #[test]
     fn header_values_are_one_line_and_bounded() {

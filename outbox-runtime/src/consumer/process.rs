@@ -58,6 +58,9 @@ pub enum Outcome {
     GaveUp {
         /// The handler's error.
         error: String,
+        /// The handler failures counted for this event, the last included: `max_attempts`,
+        /// or more for an event that gave up before and was replayed.
+        attempts: u32,
         /// The dead-letter subject, if one is configured: [`Consumer::process`] published the
         /// letter there; a caller of [`Consumer::apply`] is to.
         dead_letter: Option<String>,
@@ -206,10 +209,12 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             }
             Outcome::GaveUp {
                 error,
+                attempts,
                 dead_letter,
                 earlier,
             } => {
-                self.give_up(message, delivery, error, dead_letter.as_deref(), *earlier)
+                let letter = dead_letter.as_deref().map(|subject| (subject, *attempts));
+                self.give_up(message, delivery, error, letter, *earlier)
                     .await?;
             }
             // Decoding happened before: a rejection never reaches here.
@@ -220,15 +225,17 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
 
     /// Dead-letters (when configured) and terminates a message that gave up: on the delivery
     /// whose attempt was the last allowed (counted and reported then), or on a later one
-    /// (`earlier`), which sends the letter again in case that delivery could not.
+    /// (`earlier`), which sends the letter again in case that delivery could not. `letter` is
+    /// the dead-letter subject, if configured, and the count of attempts that gave up.
     async fn give_up(
         &self,
         message: &jetstream::Message,
         delivery: &Delivery<E>,
         error: &str,
-        dead_letter: Option<&str>,
+        letter: Option<(&str, u32)>,
         earlier: bool,
     ) -> Result<()> {
+        let dead_letter = letter.map(|(subject, _)| subject);
         let id = delivery.id();
         // The attempts row that says so is committed: the message has given up, whatever
         // happens to its letter, and a redelivery finds the row and is not handled again.
@@ -240,9 +247,9 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 error = %error, dead_letter = dead_letter.unwrap_or(""),
                 "handler failed on the last allowed attempt; the message gives up (dead-lettered when configured, then terminated; it stays in the stream)");
         }
-        if let Some(subject) = dead_letter {
+        if let Some((subject, attempts)) = letter {
             let letter = Letter {
-                kind: Kind::GaveUp,
+                kind: Kind::GaveUp { attempts },
                 consumer: &self.name,
                 original_id: id.to_string(),
                 reason: error,
@@ -277,7 +284,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             Ok(Stored::Before) => Ok(()),
             Ok(Stored::Now) => {
                 metrics::counter!(m::CONSUMER_DEAD_LETTERS, "consumer" => self.name.to_string(),
-                    "kind" => if letter.kind == Kind::GaveUp { "gave-up" } else { "undecodable" })
+                    "kind" => if letter.kind == Kind::Undecodable { "undecodable" } else { "gave-up" })
                 .increment(1);
                 Ok(())
             }
@@ -327,6 +334,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 tx.rollback().await?;
                 return Ok(Outcome::GaveUp {
                     error: format!("gave up after {n} attempts: {error}"),
+                    attempts: n,
                     dead_letter: self.config.dead_letter.clone(),
                     earlier: true,
                 });
@@ -377,6 +385,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         Ok(if attempt >= self.config.max_attempts {
             Outcome::GaveUp {
                 error,
+                attempts: attempt,
                 dead_letter: self.config.dead_letter.clone(),
                 earlier: false,
             }

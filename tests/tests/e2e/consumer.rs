@@ -112,6 +112,19 @@ impl Setup {
             .expect("count effects")
     }
 
+    /// Creates `LETTERS`, a stream of its own for dead letters to `letters.>`.
+    pub(crate) async fn letters_stream(&self) {
+        StreamSpec {
+            name: "LETTERS".into(),
+            subjects: vec!["letters.>".into()],
+            storage: StorageType::Memory,
+            ..Default::default()
+        }
+        .ensure(&self.js)
+        .await
+        .expect("create the letters' stream");
+    }
+
     pub(crate) fn consumer<H: Handler<AccountOpened>>(
         &self,
         name: &str,
@@ -380,15 +393,7 @@ async fn a_dead_letter_that_could_not_be_stored_when_its_event_gave_up_is_stored
     .await;
     // a few redeliveries fail to store it too, then a stream captures the subject
     tokio::time::sleep(Duration::from_millis(700)).await;
-    StreamSpec {
-        name: "LETTERS".into(),
-        subjects: vec!["letters.>".into()],
-        storage: StorageType::Memory,
-        ..Default::default()
-    }
-    .ensure(&s.js)
-    .await
-    .expect("create the letters' stream");
+    s.letters_stream().await;
     eventually(Duration::from_secs(10), "the letter stored", || async {
         outbox_testkit::stream_len(&s.js, "LETTERS").await == 1
     })
@@ -550,15 +555,7 @@ async fn a_redelivery_waiting_on_a_failing_last_attempt_finds_the_event_given_up
     let s = setup(Duration::from_secs(60)).await;
     let id = s.emit(1).await;
     s.drain().await;
-    StreamSpec {
-        name: "LETTERS".into(),
-        subjects: vec!["letters.>".into()],
-        storage: StorageType::Memory,
-        ..Default::default()
-    }
-    .ensure(&s.js)
-    .await
-    .expect("create the letters' stream");
+    s.letters_stream().await;
     let name = "busy-last";
     let mut config = quick_config(name, 1);
     config.dead_letter = Some("letters.busy-last".into());

@@ -390,7 +390,7 @@ async fn a_dead_letter_in_the_events_own_stream_is_stored_with_its_reason_and_or
             .unwrap_or_else(|| panic!("header {name} on the dead letter"))
     };
     assert_eq!(header("Outbox-Original-Id"), id.to_string());
-    assert_eq!(header("Nats-Msg-Id"), format!("dead-letter:{name}:{id}"));
+    assert_eq!(header("Nats-Msg-Id"), format!("dead-letter:{name}:{id}:2"));
     assert_eq!(header("Outbox-Dead-Letter-Kind"), "gave-up");
     assert_eq!(header("Outbox-Rejected-By"), name);
     assert_eq!(header("Outbox-Original-Subject"), AccountOpened::EVENT_TYPE);
@@ -411,6 +411,83 @@ async fn a_dead_letter_in_the_events_own_stream_is_stored_with_its_reason_and_or
         [2],
         "the attempts row stays, so a redelivery already on its way is not handled again"
     );
+}
+
+/// An operator replays a dead letter (its payload published back to the event's subject, under
+/// the event's id) and the event gives up again, within the letters' duplicate window: the
+/// second letter is stored too, under an id of its own (the attempts that gave up are part of
+/// it), so a replay that fails again is never left without a letter, even where the operator
+/// deleted the first.
+#[tokio::test]
+async fn a_replayed_dead_letter_that_gives_up_again_is_dead_lettered_again() {
+    // the events' duplicate window is short, so the replay under the event's id is stored
+    let s = setup(Duration::from_millis(200)).await;
+    let id = s.emit(1).await;
+    s.drain().await;
+    s.letters_stream().await;
+    let name = "replayed";
+    let mut config = crate::consumer::quick_config(name, 2);
+    config.dead_letter = Some("letters.replayed".into());
+    let calls = Arc::new(AtomicU32::new(0));
+    let flaky = Flaky {
+        calls: calls.clone(),
+        fail: u32::MAX,
+    };
+    let (stop, task) = crate::consumer::spawn(Consumer::new(
+        s.db.pool.clone(),
+        s.js.clone(),
+        config,
+        flaky,
+    ));
+    let letters = || outbox_testkit::stream_len(&s.js, "LETTERS");
+    eventually(Duration::from_secs(10), "the first letter", || async {
+        letters().await == 1
+    })
+    .await;
+    let letter_stream = s.js.get_stream("LETTERS").await.expect("stream");
+    let first = letter_stream
+        .get_last_raw_message_by_subject("letters.replayed")
+        .await
+        .expect("the first letter");
+    // past the events' duplicate window
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut replay = async_nats::HeaderMap::new();
+    replay.insert("Nats-Msg-Id", id.to_string().as_str());
+    let stored =
+        s.js.publish_with_headers(AccountOpened::EVENT_TYPE, replay, first.payload.clone())
+            .await
+            .expect("replay")
+            .await
+            .expect("the replay stored");
+    assert!(!stored.duplicate, "the replay is stored past the window");
+    eventually(Duration::from_secs(10), "the second letter", || async {
+        letters().await == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(stop);
+    task.await.expect("consumer task");
+    let second = letter_stream
+        .get_last_raw_message_by_subject("letters.replayed")
+        .await
+        .expect("the second letter");
+    let msg_id = |letter: &async_nats::jetstream::message::StreamMessage| {
+        letter
+            .headers
+            .get("Nats-Msg-Id")
+            .map(|v| v.as_str().to_owned())
+    };
+    assert_eq!(msg_id(&first), Some(format!("dead-letter:{name}:{id}:2")));
+    assert_eq!(msg_id(&second), Some(format!("dead-letter:{name}:{id}:3")));
+    assert_eq!(letters().await, 2);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "two attempts, then one for the replay"
+    );
+    assert_eq!(counter("outbox_consumer_gave_up_total", name), 2);
+    assert_eq!(counter("outbox_consumer_dead_letters_total", name), 2);
+    assert_eq!(s.effects().await, (0, 0));
 }
 
 #[test]
