@@ -274,19 +274,19 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         message: &jetstream::Message,
         subject: &str,
         letter: &Letter<'_>,
-    ) -> Result<()> {
+    ) -> Result<Stored> {
         match dead_letter::publish(&self.js, subject, message, letter).await {
             Err(e) => {
                 ack(message, AckKind::Nak(Some(self.config.retry_max))).await?;
                 Err(e)
             }
             // a letter an earlier try stored is counted once
-            Ok(Stored::Before) => Ok(()),
+            Ok(Stored::Before) => Ok(Stored::Before),
             Ok(Stored::Now) => {
                 metrics::counter!(m::CONSUMER_DEAD_LETTERS, "consumer" => self.name.to_string(),
                     "kind" => if letter.kind == Kind::Undecodable { "undecodable" } else { "gave-up" })
                 .increment(1);
-                Ok(())
+                Ok(Stored::Now)
             }
         }
     }
@@ -414,17 +414,25 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 })
                 .unwrap_or_else(|| "unknown".into())
         });
-        tracing::error!(consumer = %self.name, event_id = %id, subject = %message.subject, reason = %reason,
-            "undecodable message rejected");
-        metrics::counter!(m::CONSUMER_REJECTED, "consumer" => self.name.to_string()).increment(1);
-        if let Undecodable::DeadLetter { subject } = &self.config.undecodable {
-            let letter = Letter {
-                kind: Kind::Undecodable,
-                consumer: &self.name,
-                original_id: id,
-                reason: &reason,
-            };
-            self.send_dead_letter(message, subject, &letter).await?;
+        let letter = Letter {
+            kind: Kind::Undecodable,
+            consumer: &self.name,
+            original_id: id,
+            reason: &reason,
+        };
+        // Counted and logged once: by the try that stores its letter (a try whose publish
+        // fails naks the message, and it comes back), or, without one, when terminated.
+        let first = match &self.config.undecodable {
+            Undecodable::DeadLetter { subject } => {
+                self.send_dead_letter(message, subject, &letter).await? == Stored::Now
+            }
+            _ => true,
+        };
+        if first {
+            tracing::error!(consumer = %self.name, event_id = %letter.original_id, subject = %message.subject,
+                reason = %reason, "undecodable message rejected");
+            metrics::counter!(m::CONSUMER_REJECTED, "consumer" => self.name.to_string())
+                .increment(1);
         }
         ack(message, AckKind::Term).await?;
         Ok(Outcome::Rejected { event_id, reason })

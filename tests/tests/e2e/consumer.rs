@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use outbox_runtime::consumer::{
-    decode, Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Outcome,
+    decode, Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Outcome, Undecodable,
 };
 use outbox_runtime::{EmitExt, OutboxEvent, Relay, RelayConfig, StorageType, StreamSpec};
 use outbox_testkit::{connect_nats, eventually, NatsServer, TestDb};
@@ -426,6 +426,44 @@ async fn a_dead_letter_that_could_not_be_stored_when_its_event_gave_up_is_stored
     assert_eq!(counter("outbox_consumer_gave_up_total", name), 1);
     assert_eq!(counter("outbox_consumer_dead_letters_total", name), 1);
     assert_eq!(s.effects().await, (0, 0));
+}
+
+/// An undecodable message whose dead letter cannot be stored yet (no stream captures the
+/// subject) comes back until it can: it is counted as rejected once, when its letter is stored,
+/// not at every try.
+#[tokio::test]
+async fn an_undecodable_message_is_counted_once_however_many_tries_its_letter_takes() {
+    let s = setup(Duration::from_secs(60)).await;
+    s.js.publish(AccountOpened::EVENT_TYPE, "not an envelope".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
+    let name = "garbage";
+    let mut config = quick_config(name, 2);
+    config.undecodable = Undecodable::DeadLetter {
+        subject: "letters.garbage".into(),
+    };
+    let (stop, task) = spawn(Consumer::new(
+        s.db.pool.clone(),
+        s.js.clone(),
+        config,
+        Record,
+    ));
+    // a few tries fail to store the letter (each comes back after retry_max, 200 ms)
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(counter("outbox_consumer_rejected_total", name), 0);
+    s.letters_stream().await;
+    eventually(Duration::from_secs(10), "the letter stored", || async {
+        outbox_testkit::stream_len(&s.js, "LETTERS").await == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(stop);
+    task.await.expect("consumer task");
+    assert_eq!(counter("outbox_consumer_rejected_total", name), 1);
+    assert_eq!(counter("outbox_consumer_dead_letters_total", name), 1);
+    assert_eq!(outbox_testkit::stream_len(&s.js, "LETTERS").await, 1);
 }
 
 /// Silences its own path to Postgres (no close, no reset), then records the event: the
