@@ -9,19 +9,16 @@ use crate::error::{Error, Result};
 /// Why a message is dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
-    /// The handler failed `max_attempts` times; `attempts` is the count that gave up.
-    GaveUp {
-        /// The handler failures counted, the last included.
-        attempts: u32,
-    },
+    /// The handler failed `max_attempts` times.
+    GaveUp,
     /// The message cannot be decoded.
     Undecodable,
 }
 
 impl Kind {
-    fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
-            Kind::GaveUp { .. } => "gave-up",
+            Kind::GaveUp => "gave-up",
             Kind::Undecodable => "undecodable",
         }
     }
@@ -71,7 +68,11 @@ fn headers(message: &Message, letter: &Letter<'_>) -> HeaderMap {
         }
     }
     let original_id = header_value(&letter.original_id);
-    headers.insert("Nats-Msg-Id", letter_id(letter, &original_id).as_str());
+    let sequence = message.info().ok().map(|info| info.stream_sequence);
+    headers.insert(
+        "Nats-Msg-Id",
+        letter_id(letter.consumer, &original_id, sequence).as_str(),
+    );
     headers.insert("Outbox-Dead-Letter-Kind", letter.kind.as_str());
     headers.insert(
         "Outbox-Rejected-Reason",
@@ -93,15 +94,14 @@ fn headers(message: &Message, letter: &Letter<'_>) -> HeaderMap {
     headers
 }
 
-/// The letter's `Nats-Msg-Id`: the same on every try of one letter, so the stream keeps one;
-/// a letter of a replayed event that gave up again is another (its count of attempts is
-/// higher), so it is stored even within the stream's duplicate window.
-fn letter_id(letter: &Letter<'_>, original_id: &str) -> String {
-    match letter.kind {
-        Kind::GaveUp { attempts } => {
-            format!("dead-letter:{}:{original_id}:{attempts}", letter.consumer)
-        }
-        Kind::Undecodable => format!("dead-letter:{}:{original_id}", letter.consumer),
+/// The letter's `Nats-Msg-Id`: one per consumer and stream message, the same on every try, so
+/// the stream keeps one letter of a message however many tries store it; a replay of the
+/// event is another stream message, so its letter is stored even within the letters'
+/// duplicate window.
+fn letter_id(consumer: &str, original_id: &str, sequence: Option<u64>) -> String {
+    match sequence {
+        Some(sequence) => format!("dead-letter:{consumer}:{original_id}:{sequence}"),
+        None => format!("dead-letter:{consumer}:{original_id}"),
     }
 }
 
@@ -158,21 +158,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_letter_that_gave_up_is_named_by_its_count_of_attempts_too() {
-        let letter = |kind| Letter {
-            kind,
-            consumer: "billing",
-            original_id: "e1".into(),
-            reason: "no",
-        };
-        let first = letter(Kind::GaveUp { attempts: 5 });
-        let replayed = letter(Kind::GaveUp { attempts: 6 });
-        assert_eq!(letter_id(&first, "e1"), "dead-letter:billing:e1:5");
-        assert_ne!(letter_id(&first, "e1"), letter_id(&replayed, "e1"));
+    fn a_letter_is_named_by_its_consumer_event_and_stream_message() {
         assert_eq!(
-            letter_id(&letter(Kind::Undecodable), "sequence-7"),
-            "dead-letter:billing:sequence-7"
+            letter_id("billing", "e1", Some(7)),
+            "dead-letter:billing:e1:7"
         );
+        assert_ne!(
+            letter_id("billing", "e1", Some(7)),
+            letter_id("billing", "e1", Some(9)),
+            "a replay is another message"
+        );
+        assert_eq!(letter_id("billing", "e1", None), "dead-letter:billing:e1");
     }
 
     #[test]

@@ -26,7 +26,9 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     ///
     /// - The name is registered to `E`'s event type in `outbox_consumer_names` (migration
     ///   `0006`): a name registered to another type is an [`Error::Config`] (two types under
-    ///   one name would share dedupe rows and terminate each other's messages).
+    ///   one name would share dedupe rows and terminate each other's messages). A role that
+    ///   cannot delete a dedupe row by its key (`ops/postgres/grants.sql` older than this
+    ///   version) is an [`Error::Config`] too: a failed attempt does.
     /// - An existing durable must match: filter subject `E::EVENT_TYPE`, explicit acks,
     ///   [`ack_wait`](super::ConsumerConfig::ack_wait), unlimited `max_deliver` (this consumer
     ///   counts attempts itself), pull mode. Otherwise an [`Error::Config`] names every
@@ -220,13 +222,26 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         .execute(&self.pool)
         .await
         .map_err(|e| CONSUMER_NAMES.error(e))?;
-        let (event_type, created): (String, Option<DateTime<Utc>>) = sqlx::query_as(
-            "select event_type, durable_created_at from outbox_consumer_names where consumer = $1",
+        let (event_type, created, forgets): (String, Option<DateTime<Utc>>, bool) = sqlx::query_as(
+            "select event_type, durable_created_at, \
+                        has_table_privilege('outbox_consumed', 'delete') \
+                        and has_column_privilege('outbox_consumed', 'consumer', 'select') \
+                        and has_column_privilege('outbox_consumed', 'event_id', 'select') \
+                   from outbox_consumer_names where consumer = $1",
         )
         .bind(&*self.name)
         .fetch_one(&self.pool)
         .await
         .map_err(|e| CONSUMER_NAMES.error(e))?;
+        if !forgets {
+            return Err(Error::Config(
+                "permission denied to the consumer's role on outbox_consumed: it deletes a dedupe \
+                 row by its key (`delete`, and `select` on `consumer` and `event_id`) when it \
+                 counts a failed attempt. Run ops/postgres/grants.sql again (after every \
+                 upgrade)"
+                    .into(),
+            ));
+        }
         if event_type != E::EVENT_TYPE {
             return Err(Error::Config(format!(
                 "the consumer name `{}` is registered to event type `{event_type}` (table \

@@ -147,10 +147,13 @@ impl<E> Delivery<E> {
 ///
 /// `handle` runs inside the transaction that also records the event id; it should write only
 /// to the database through `tx` (the seed's rule 4: record the intent, let an idempotent
-/// worker do outside effects). Returning `Err` undoes its writes and retries the message
-/// (counting an attempt unless the error [is transient](is_transient)). A panic is caught and
-/// counts as an attempt that failed, with the panic's message as its error: the consumer goes
-/// on, and the message gives up after [`ConsumerConfig::max_attempts`] like any other failure.
+/// worker do outside effects), and leave the transaction to the consumer: a handler that ends
+/// it (`commit`, `rollback` sent as SQL) breaks the dedupe, and its failures cannot be
+/// counted. The transaction runs at read committed. Returning `Err` undoes its writes and
+/// retries the message (counting an attempt unless the error [is transient](is_transient)). A
+/// panic is caught and counts as an attempt that failed, with the panic's message as its
+/// error: the consumer goes on, and the message gives up after
+/// [`ConsumerConfig::max_attempts`] like any other failure.
 ///
 /// ```
 /// use outbox_runtime::consumer::{Delivery, Handler, HandlerError};

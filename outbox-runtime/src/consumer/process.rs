@@ -58,9 +58,6 @@ pub enum Outcome {
     GaveUp {
         /// The handler's error.
         error: String,
-        /// The handler failures counted for this event, the last included: `max_attempts`,
-        /// or more for an event that gave up before and was replayed.
-        attempts: u32,
         /// The dead-letter subject, if one is configured: [`Consumer::process`] published the
         /// letter there; a caller of [`Consumer::apply`] is to.
         dead_letter: Option<String>,
@@ -209,12 +206,10 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             }
             Outcome::GaveUp {
                 error,
-                attempts,
                 dead_letter,
                 earlier,
             } => {
-                let letter = dead_letter.as_deref().map(|subject| (subject, *attempts));
-                self.give_up(message, delivery, error, letter, *earlier)
+                self.give_up(message, delivery, error, dead_letter.as_deref(), *earlier)
                     .await?;
             }
             // Decoding happened before: a rejection never reaches here.
@@ -225,17 +220,15 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
 
     /// Dead-letters (when configured) and terminates a message that gave up: on the delivery
     /// whose attempt was the last allowed (counted and reported then), or on a later one
-    /// (`earlier`), which sends the letter again in case that delivery could not. `letter` is
-    /// the dead-letter subject, if configured, and the count of attempts that gave up.
+    /// (`earlier`), which sends the letter again in case that delivery could not.
     async fn give_up(
         &self,
         message: &jetstream::Message,
         delivery: &Delivery<E>,
         error: &str,
-        letter: Option<(&str, u32)>,
+        dead_letter: Option<&str>,
         earlier: bool,
     ) -> Result<()> {
-        let dead_letter = letter.map(|(subject, _)| subject);
         let id = delivery.id();
         // The attempts row that says so is committed: the message has given up, whatever
         // happens to its letter, and a redelivery finds the row and is not handled again.
@@ -247,9 +240,9 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 error = %error, dead_letter = dead_letter.unwrap_or(""),
                 "handler failed on the last allowed attempt; the message gives up (dead-lettered when configured, then terminated; it stays in the stream)");
         }
-        if let Some((subject, attempts)) = letter {
+        if let Some(subject) = dead_letter {
             let letter = Letter {
-                kind: Kind::GaveUp { attempts },
+                kind: Kind::GaveUp,
                 consumer: &self.name,
                 original_id: id.to_string(),
                 reason: error,
@@ -284,7 +277,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             Ok(Stored::Before) => Ok(Stored::Before),
             Ok(Stored::Now) => {
                 metrics::counter!(m::CONSUMER_DEAD_LETTERS, "consumer" => self.name.to_string(),
-                    "kind" => if letter.kind == Kind::Undecodable { "undecodable" } else { "gave-up" })
+                    "kind" => letter.kind.as_str())
                 .increment(1);
                 Ok(Stored::Now)
             }
@@ -299,7 +292,13 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     /// the dedupe row and commits. An `Err` is a failure of the consumer's own statements
     /// (never counted). For callers that ack themselves.
     pub async fn apply(&self, delivery: &Delivery<E>) -> Result<Outcome> {
-        let mut tx = self.pool.begin().await?;
+        // Read committed, whatever the session's default: a redelivery that waited on the
+        // dedupe row must read the attempt counted meanwhile, which a snapshot taken before
+        // the wait (repeatable read, serializable) would not show.
+        let mut tx = self
+            .pool
+            .begin_with("begin isolation level read committed")
+            .await?;
         // The dedupe row is locked until the transaction ends, and a redelivery of the event
         // to another replica waits on it. A replica whose path or process freezes would keep
         // it waiting for good: the server ends a session idle in this transaction for the ack
@@ -334,7 +333,6 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                 tx.rollback().await?;
                 return Ok(Outcome::GaveUp {
                     error: format!("gave up after {n} attempts: {error}"),
-                    attempts: n,
                     dead_letter: self.config.dead_letter.clone(),
                     earlier: true,
                 });
@@ -385,7 +383,6 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         Ok(if attempt >= self.config.max_attempts {
             Outcome::GaveUp {
                 error,
-                attempts: attempt,
                 dead_letter: self.config.dead_letter.clone(),
                 earlier: false,
             }

@@ -554,6 +554,7 @@ async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the
 /// records the event on any later call.
 struct FailsOnceWaitedOn {
     calls: Arc<AtomicU32>,
+    waited_on: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Handler<AccountOpened> for FailsOnceWaitedOn {
@@ -575,6 +576,7 @@ impl Handler<AccountOpened> for FailsOnceWaitedOn {
             .fetch_one(&mut *tx)
             .await?;
             if waited_on {
+                self.waited_on.store(true, Ordering::SeqCst);
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -587,26 +589,35 @@ impl Handler<AccountOpened> for FailsOnceWaitedOn {
 /// replica, waits on its dedupe row. The failure is counted before the row is let go, so the
 /// redelivery finds the event given up: dead-lettered once, never applied. Counted after the
 /// row's release, the redelivery ran the handler again, and the event was both applied and
-/// dead-lettered.
+/// dead-lettered. The replicas' sessions default to repeatable read, whose snapshot, taken
+/// before the wait, would not show the count: the message's transaction is read committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivery_waiting_on_a_failing_last_attempt_finds_the_event_given_up() {
     let s = setup(Duration::from_secs(60)).await;
     let id = s.emit(1).await;
     s.drain().await;
     s.letters_stream().await;
+    let options = s.db.pool.connect_options().as_ref().clone();
+    let repeatable = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.options([("default_transaction_isolation", "repeatable read")]))
+        .await
+        .expect("a pool of repeatable read sessions");
     let name = "busy-last";
     let mut config = quick_config(name, 1);
     config.dead_letter = Some("letters.busy-last".into());
     let calls = Arc::new(AtomicU32::new(0));
+    let waited_on = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let a = Arc::new(Consumer::new(
-        s.db.pool.clone(),
+        repeatable.clone(),
         s.js.clone(),
         config.clone(),
         FailsOnceWaitedOn {
             calls: calls.clone(),
+            waited_on: waited_on.clone(),
         },
     ));
-    let b = Consumer::new(s.db.pool.clone(), s.js.clone(), config, Record);
+    let b = Consumer::new(repeatable, s.js.clone(), config, Record);
     // The test pulls for both replicas, so the redelivery cannot go to the busy one.
     let durable = a.durable().await.expect("open the durable");
     let pull = || async {
@@ -635,6 +646,10 @@ async fn a_redelivery_waiting_on_a_failing_last_attempt_finds_the_event_given_up
         .await
         .expect("replica a's task")
         .expect("replica a settles it");
+    assert!(
+        waited_on.load(Ordering::SeqCst),
+        "replica b waited on replica a's attempt"
+    );
     assert!(
         matches!(by_a, Outcome::GaveUp { earlier: false, .. }),
         "replica a's last attempt gives up: {by_a:?}"

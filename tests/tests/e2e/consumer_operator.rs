@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
 use outbox_runtime::consumer::{
-    decode_with, Consumer, ConsumerConfig, Delivery, FormatCheck, Handler, HandlerError,
+    decode_with, Consumer, ConsumerConfig, Delivery, FormatCheck, Handler, HandlerError, Transient,
 };
 use outbox_runtime::{OutboxEvent, StorageType, StreamSpec};
 use outbox_testkit::{eventually, TestDb};
@@ -390,7 +390,13 @@ async fn a_dead_letter_in_the_events_own_stream_is_stored_with_its_reason_and_or
             .unwrap_or_else(|| panic!("header {name} on the dead letter"))
     };
     assert_eq!(header("Outbox-Original-Id"), id.to_string());
-    assert_eq!(header("Nats-Msg-Id"), format!("dead-letter:{name}:{id}:2"));
+    assert_eq!(
+        header("Nats-Msg-Id"),
+        format!(
+            "dead-letter:{name}:{id}:{}",
+            header("Outbox-Original-Sequence")
+        )
+    );
     assert_eq!(header("Outbox-Dead-Letter-Kind"), "gave-up");
     assert_eq!(header("Outbox-Rejected-By"), name);
     assert_eq!(header("Outbox-Original-Subject"), AccountOpened::EVENT_TYPE);
@@ -413,14 +419,36 @@ async fn a_dead_letter_in_the_events_own_stream_is_stored_with_its_reason_and_or
     );
 }
 
+/// Fails every call but its third, which fails transiently.
+struct FailsButThirdTransiently {
+    calls: Arc<AtomicU32>,
+}
+
+impl Handler<AccountOpened> for FailsButThirdTransiently {
+    async fn handle(
+        &self,
+        _: &Delivery<AccountOpened>,
+        _: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if call == 3 {
+            return Err(Box::new(Transient(
+                format!("transient failure {call}").into(),
+            )));
+        }
+        Err(format!("failure {call}").into())
+    }
+}
+
 /// An operator replays a dead letter (its payload published back to the event's subject, under
-/// the event's id) and the event gives up again, within the letters' duplicate window: the
-/// second letter is stored too, under an id of its own (the attempts that gave up are part of
-/// it), so a replay that fails again is never left without a letter, even where the operator
-/// deleted the first.
+/// the event's id) and the event gives up again, within the letters' duplicate window. Each
+/// replay is a stream message of its own, and so is its letter: a replay that gives up is never
+/// left without one, even where the operator deleted the first. Without its attempts row
+/// deleted, a replay whose first delivery does not reach the handler (here it fails
+/// transiently) gives up at its next; with the row deleted, it has `max_attempts` again.
 #[tokio::test]
 async fn a_replayed_dead_letter_that_gives_up_again_is_dead_lettered_again() {
-    // the events' duplicate window is short, so the replay under the event's id is stored
+    // the events' duplicate window is short, so a replay under the event's id is stored
     let s = setup(Duration::from_millis(200)).await;
     let id = s.emit(1).await;
     s.drain().await;
@@ -429,64 +457,89 @@ async fn a_replayed_dead_letter_that_gives_up_again_is_dead_lettered_again() {
     let mut config = crate::consumer::quick_config(name, 2);
     config.dead_letter = Some("letters.replayed".into());
     let calls = Arc::new(AtomicU32::new(0));
-    let flaky = Flaky {
+    let handler = FailsButThirdTransiently {
         calls: calls.clone(),
-        fail: u32::MAX,
     };
     let (stop, task) = crate::consumer::spawn(Consumer::new(
         s.db.pool.clone(),
         s.js.clone(),
         config,
-        flaky,
+        handler,
     ));
     let letters = || outbox_testkit::stream_len(&s.js, "LETTERS");
+    let letter_stream = s.js.get_stream("LETTERS").await.expect("stream");
+    let last_letter = || async {
+        letter_stream
+            .get_last_raw_message_by_subject("letters.replayed")
+            .await
+            .expect("a letter")
+    };
     eventually(Duration::from_secs(10), "the first letter", || async {
         letters().await == 1
     })
     .await;
-    let letter_stream = s.js.get_stream("LETTERS").await.expect("stream");
-    let first = letter_stream
-        .get_last_raw_message_by_subject("letters.replayed")
-        .await
-        .expect("the first letter");
-    // past the events' duplicate window
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let mut replay = async_nats::HeaderMap::new();
-    replay.insert("Nats-Msg-Id", id.to_string().as_str());
-    let stored =
-        s.js.publish_with_headers(AccountOpened::EVENT_TYPE, replay, first.payload.clone())
-            .await
-            .expect("replay")
-            .await
-            .expect("the replay stored");
-    assert!(!stored.duplicate, "the replay is stored past the window");
-    eventually(Duration::from_secs(10), "the second letter", || async {
-        letters().await == 2
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    drop(stop);
-    task.await.expect("consumer task");
-    let second = letter_stream
-        .get_last_raw_message_by_subject("letters.replayed")
-        .await
-        .expect("the second letter");
+    let first = last_letter().await;
+    // replays the letter past the events' duplicate window; returns its stream sequence
+    let replay = || async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id.to_string().as_str());
+        let stored =
+            s.js.publish_with_headers(AccountOpened::EVENT_TYPE, headers, first.payload.clone())
+                .await
+                .expect("replay")
+                .await
+                .expect("the replay stored");
+        assert!(!stored.duplicate, "the replay is stored past the window");
+        stored.sequence
+    };
     let msg_id = |letter: &async_nats::jetstream::message::StreamMessage| {
         letter
             .headers
             .get("Nats-Msg-Id")
             .map(|v| v.as_str().to_owned())
     };
-    assert_eq!(msg_id(&first), Some(format!("dead-letter:{name}:{id}:2")));
-    assert_eq!(msg_id(&second), Some(format!("dead-letter:{name}:{id}:3")));
-    assert_eq!(letters().await, 2);
+
+    // as it is: the replay's first delivery fails transiently, its next gives up at once
+    let sequence = replay().await;
+    eventually(Duration::from_secs(10), "the replay's letter", || async {
+        letters().await == 2
+    })
+    .await;
+    assert_eq!(
+        msg_id(&last_letter().await),
+        Some(format!("dead-letter:{name}:{id}:{sequence}"))
+    );
     assert_eq!(
         calls.load(Ordering::SeqCst),
         3,
-        "two attempts, then one for the replay"
+        "no attempt after the transient one"
     );
-    assert_eq!(counter("outbox_consumer_gave_up_total", name), 2);
-    assert_eq!(counter("outbox_consumer_dead_letters_total", name), 2);
+
+    // with its attempts row deleted: two attempts, then a letter
+    sqlx::query("delete from outbox_consumer_attempts where consumer = $1 and event_id = $2")
+        .bind(name)
+        .bind(id)
+        .execute(&s.db.pool)
+        .await
+        .expect("delete the attempts row");
+    let sequence = replay().await;
+    eventually(
+        Duration::from_secs(10),
+        "the second replay's letter",
+        || async { letters().await == 3 },
+    )
+    .await;
+    assert_eq!(
+        msg_id(&last_letter().await),
+        Some(format!("dead-letter:{name}:{id}:{sequence}"))
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(stop);
+    task.await.expect("consumer task");
+    assert_eq!(letters().await, 3);
+    assert_eq!(calls.load(Ordering::SeqCst), 5, "two more attempts");
+    assert_eq!(counter("outbox_consumer_dead_letters_total", name), 3);
     assert_eq!(s.effects().await, (0, 0));
 }
 
