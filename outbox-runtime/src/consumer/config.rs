@@ -72,7 +72,7 @@ pub struct ConsumerConfig {
     pub undecodable: Undecodable,
     /// Where messages that gave up are published (default none: they are only terminated and
     /// reported). The dead letter is the original payload with the original headers, except
-    /// `Nats-Msg-Id`, which is the letter's own (`dead-letter:<consumer>:<event id>:<stream
+    /// `Nats-Msg-Id`, which is the letter's own (`dead-letter:<consumer>:<original id>:<stream
     /// sequence>`, so a retried publish is deduped, a replayed event that gives up again gets a
     /// letter of its own, and a letter in the event's own stream is not mistaken for the
     /// event), plus `Outbox-Dead-Letter-Kind` (`gave-up` or `undecodable`),

@@ -26,9 +26,9 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     ///
     /// - The name is registered to `E`'s event type in `outbox_consumer_names` (migration
     ///   `0006`): a name registered to another type is an [`Error::Config`] (two types under
-    ///   one name would share dedupe rows and terminate each other's messages). A role that
-    ///   cannot delete a dedupe row by its key (`ops/postgres/grants.sql` older than this
-    ///   version) is an [`Error::Config`] too: a failed attempt does.
+    ///   one name would share dedupe rows and terminate each other's messages). A role without
+    ///   the rights a failed attempt needs (deleting its dedupe row by key, counting itself in
+    ///   `outbox_consumer_attempts`: `ops/postgres/grants.sql`) is an [`Error::Config`] too.
     /// - An existing durable must match: filter subject `E::EVENT_TYPE`, explicit acks,
     ///   [`ack_wait`](super::ConsumerConfig::ack_wait), unlimited `max_deliver` (this consumer
     ///   counts attempts itself), pull mode. Otherwise an [`Error::Config`] names every
@@ -227,6 +227,10 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                         has_table_privilege('outbox_consumed', 'delete') \
                         and has_column_privilege('outbox_consumed', 'consumer', 'select') \
                         and has_column_privilege('outbox_consumed', 'event_id', 'select') \
+                        and has_table_privilege('outbox_consumer_attempts', 'select') \
+                        and has_table_privilege('outbox_consumer_attempts', 'insert') \
+                        and has_table_privilege('outbox_consumer_attempts', 'update') \
+                        and has_table_privilege('outbox_consumer_attempts', 'delete') \
                    from outbox_consumer_names where consumer = $1",
         )
         .bind(&*self.name)
@@ -235,10 +239,11 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         .map_err(|e| CONSUMER_NAMES.error(e))?;
         if !forgets {
             return Err(Error::Config(
-                "permission denied to the consumer's role on outbox_consumed: it deletes a dedupe \
-                 row by its key (`delete`, and `select` on `consumer` and `event_id`) when it \
-                 counts a failed attempt. Run ops/postgres/grants.sql again (after every \
-                 upgrade)"
+                "permission denied to the consumer's role for a failed attempt: it deletes its \
+                 dedupe row by key (`delete`, and `select` on `consumer` and `event_id` of \
+                 outbox_consumed) and counts the failure (`select`, `insert`, `update` and \
+                 `delete` on outbox_consumer_attempts). Run ops/postgres/grants.sql again \
+                 (after every upgrade)"
                     .into(),
             ));
         }

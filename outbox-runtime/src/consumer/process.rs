@@ -66,7 +66,10 @@ pub enum Outcome {
         /// gave up could not store its dead letter (the publish failed, or the process ended
         /// first). Terminated without calling the handler and not counted again; its dead
         /// letter is published again first, and the stream drops the copy of a letter it
-        /// already holds (same `Nats-Msg-Id`, within its duplicate window).
+        /// already holds (same `Nats-Msg-Id`, within its duplicate window). A replay of an
+        /// event that gave up, delivered again (its first delivery held, failed transiently
+        /// or lost with its replica), ends here too, with a letter of its own (another stream
+        /// message), logged at info and not counted in `outbox_consumer_gave_up_total`.
         earlier: bool,
     },
     /// The message could not be decoded; handled by the [`Undecodable`] policy.
@@ -117,7 +120,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         }
         let envelope = match decode_with::<E>(&message.payload, self.config.formats) {
             Ok(envelope) => envelope,
-            Err(rejection) => return self.reject(&message, rejection).await,
+            Err(rejection) => return self.reject(&message, delivered, rejection).await,
         };
         span.record("event_id", tracing::field::display(envelope.id));
         let delivery = self.delivery(envelope, delivered, stream_sequence, traceparent);
@@ -395,7 +398,12 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         })
     }
 
-    async fn reject(&self, message: &jetstream::Message, rejection: Rejection) -> Result<Outcome> {
+    async fn reject(
+        &self,
+        message: &jetstream::Message,
+        delivered: u64,
+        rejection: Rejection,
+    ) -> Result<Outcome> {
         let Rejection { event_id, reason } = rejection;
         let id = event_id.map(|i| i.to_string()).unwrap_or_else(|| {
             message
@@ -417,19 +425,16 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
             original_id: id,
             reason: &reason,
         };
-        // Counted and logged once: by the try that stores its letter (a try whose publish
-        // fails naks the message, and it comes back), or, without one, when terminated.
-        let first = match &self.config.undecodable {
-            Undecodable::DeadLetter { subject } => {
-                self.send_dead_letter(message, subject, &letter).await? == Stored::Now
-            }
-            _ => true,
-        };
-        if first {
+        // Counted and logged at its first delivery, whatever happens to its letter: a try
+        // whose publish fails (or whose ack is lost) naks the message, and it comes back.
+        if delivered == 1 {
             tracing::error!(consumer = %self.name, event_id = %letter.original_id, subject = %message.subject,
                 reason = %reason, "undecodable message rejected");
             metrics::counter!(m::CONSUMER_REJECTED, "consumer" => self.name.to_string())
                 .increment(1);
+        }
+        if let Undecodable::DeadLetter { subject } = &self.config.undecodable {
+            self.send_dead_letter(message, subject, &letter).await?;
         }
         ack(message, AckKind::Term).await?;
         Ok(Outcome::Rejected { event_id, reason })

@@ -82,14 +82,14 @@ pub(super) async fn count_attempt(
     event_id: Uuid,
     error: &str,
 ) -> crate::Result<u32> {
-    let attempts: i32 = sqlx::query_scalar(
+    let (attempts, deleted): (i32, i64) = sqlx::query_as(
         "with unrecorded as ( \
-           delete from outbox_consumed where consumer = $1 and event_id = $2) \
+           delete from outbox_consumed where consumer = $1 and event_id = $2 returning 1) \
          insert into outbox_consumer_attempts as a (consumer, event_id, attempts, last_error) \
          values ($1, $2, 1, $3) \
          on conflict (consumer, event_id) do update \
            set attempts = a.attempts + 1, last_error = excluded.last_error, updated_at = now() \
-         returning attempts",
+         returning attempts, (select count(*) from unrecorded)",
     )
     .bind(consumer)
     .bind(event_id)
@@ -97,6 +97,15 @@ pub(super) async fn count_attempt(
     .fetch_one(conn)
     .await
     .map_err(|e| CONSUMER_ATTEMPTS.error(e))?;
+    // Committed with its dedupe row, the failed attempt would record the event as consumed
+    // (a row-level security policy that hides the row from the delete, say): never.
+    if deleted != 1 {
+        return Err(Error::Config(format!(
+            "the dedupe row of {event_id} in outbox_consumed could not be deleted as its failed \
+             attempt was counted ({deleted} rows): is a row-level security policy hiding it from \
+             the consumer's role?"
+        )));
+    }
     Ok(u32::try_from(attempts).unwrap_or(0))
 }
 

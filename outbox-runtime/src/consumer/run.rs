@@ -30,10 +30,11 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
     /// acked, or rolled back and nak'd) before it returns.
     ///
     /// The durable is opened first ([`Consumer::durable`]); an error there (no stream, a
-    /// durable whose configuration differs, the name registered to another type) is returned.
-    /// After that, a broker restart, a deleted durable or a deleted stream is logged (one line
-    /// per try) and retried with a pause of 100 ms doubling to 5 s, and the durable is created
-    /// again once its stream exists; only a configuration conflict found then stops it.
+    /// durable whose configuration differs, the name registered to another type, a role
+    /// without the rights of `ops/postgres/grants.sql`) is returned. After that, a broker
+    /// restart, a deleted durable or a deleted stream is logged (one line per try) and retried
+    /// with a pause of 100 ms doubling to 5 s, and the durable is opened again once its stream
+    /// exists; only an [`Error::Config`] found then (any of those above) stops it.
     /// Transient database errors pause the loop too (the pause grows while they last), so an
     /// outage of the consumer's database does not spin through the pending messages.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {

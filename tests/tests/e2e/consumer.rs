@@ -429,8 +429,8 @@ async fn a_dead_letter_that_could_not_be_stored_when_its_event_gave_up_is_stored
 }
 
 /// An undecodable message whose dead letter cannot be stored yet (no stream captures the
-/// subject) comes back until it can: it is counted as rejected once, when its letter is stored,
-/// not at every try.
+/// subject) comes back until it can: it is counted as rejected once, at its first delivery, not
+/// at every try.
 #[tokio::test]
 async fn an_undecodable_message_is_counted_once_however_many_tries_its_letter_takes() {
     let s = setup(Duration::from_secs(60)).await;
@@ -451,8 +451,12 @@ async fn an_undecodable_message_is_counted_once_however_many_tries_its_letter_ta
         Record,
     ));
     // a few tries fail to store the letter (each comes back after retry_max, 200 ms)
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    assert_eq!(counter("outbox_consumer_rejected_total", name), 0);
+    eventually(Duration::from_secs(10), "two tries more", || async {
+        counter("outbox_consumer_redeliveries_total", name) >= 2
+    })
+    .await;
+    assert_eq!(counter("outbox_consumer_rejected_total", name), 1);
+    assert_eq!(counter("outbox_consumer_dead_letters_total", name), 0);
     s.letters_stream().await;
     eventually(Duration::from_secs(10), "the letter stored", || async {
         outbox_testkit::stream_len(&s.js, "LETTERS").await == 1
@@ -634,11 +638,16 @@ async fn a_redelivery_waiting_on_a_failing_last_attempt_finds_the_event_given_up
             .expect("a message")
     };
     let first = pull().await;
+    let started = calls.clone();
     let replica_a = {
         let a = a.clone();
         tokio::spawn(async move { a.process(first).await })
     };
-    // redelivered after the ack wait (1 s) while replica a is still in its handler
+    // replica a holds the dedupe row before the redelivery (after the ack wait, 1 s) is pulled
+    eventually(Duration::from_secs(10), "replica a in its handler", || {
+        std::future::ready(started.load(Ordering::SeqCst) == 1)
+    })
+    .await;
     let again = pull().await;
     assert!(again.info().expect("info").delivered > 1, "a redelivery");
     let by_b = b.process(again).await.expect("replica b settles it");
@@ -681,6 +690,80 @@ async fn a_redelivery_waiting_on_a_failing_last_attempt_finds_the_event_given_up
         .get("Outbox-Original-Id")
         .map(|v| v.as_str().to_owned());
     assert_eq!(original, Some(id.to_string()));
+}
+
+/// A failed attempt deletes the dedupe row it inserted as it counts itself. Where the delete
+/// cannot (a row-level security policy hides the row from it), the attempt is not committed:
+/// committed with its dedupe row, it would record the event as consumed, never applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_whose_dedupe_row_cannot_be_deleted_records_nothing() {
+    let s = setup(Duration::from_secs(60)).await;
+    let id = s.emit(1).await;
+    s.drain().await;
+    let role = format!("rls_consumer_{}", Uuid::now_v7().simple());
+    for statement in [
+        format!("create role {role} login"),
+        format!("grant select, insert, update, delete on all tables in schema public to {role}"),
+        "alter table outbox_consumed enable row level security".into(),
+        format!("create policy added on outbox_consumed for insert to {role} with check (true)"),
+        format!("create policy seen on outbox_consumed for select to {role} using (true)"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&s.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    let options = s.db.pool.connect_options().as_ref().clone();
+    let as_role = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.username(&role))
+        .await
+        .expect("a pool of the role");
+    let name = "hidden";
+    let consumer = Consumer::new(
+        as_role.clone(),
+        s.js.clone(),
+        quick_config(name, 1),
+        Flaky {
+            calls: Arc::new(AtomicU32::new(0)),
+            fail: u32::MAX,
+        },
+    );
+    let durable = consumer.durable().await.expect("open the durable");
+    let message = durable
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(10))
+        .messages()
+        .await
+        .expect("pull")
+        .next()
+        .await
+        .expect("a message within 10 s")
+        .expect("a message");
+    let outcome = consumer.process(message).await.expect("settled");
+    let recorded: (i64, i64) = sqlx::query_as(
+        "select (select count(*) from outbox_consumed where event_id = $1), \
+                (select count(*) from outbox_consumer_attempts where event_id = $1)",
+    )
+    .bind(id)
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("read as the owner");
+    as_role.close().await;
+    for statement in [format!("drop owned by {role}"), format!("drop role {role}")] {
+        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&s.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    match &outcome {
+        Outcome::Transient { error, .. } => {
+            assert!(error.contains("could not be deleted"), "{error}")
+        }
+        other => panic!("a transient failure, retried: {other:?}"),
+    }
+    assert_eq!(recorded, (0, 0), "neither consumed nor counted");
 }
 
 /// Reads the idle-in-transaction timeout of the message's transaction.
