@@ -55,7 +55,8 @@ pub struct ConsumerConfig {
     /// froze): Postgres ends the session then (`idle_in_transaction_session_timeout`, set for
     /// that transaction only, unless the session's own is shorter), so that a redelivery to
     /// another replica does not wait on the event's dedupe row for good; the handler's try
-    /// then fails transiently (`25P03`).
+    /// then fails transiently (`25P03`). So does a path that goes silent while the server
+    /// sends a result (`tcp_user_timeout`, likewise: the server drops the connection).
     pub ack_wait: Duration,
     /// Handler failures after which a message gives up (default 5): it goes to
     /// [`dead_letter`](Self::dead_letter) when set, is terminated and reported. Counted in the

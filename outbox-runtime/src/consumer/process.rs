@@ -305,16 +305,23 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         // The dedupe row is locked until the transaction ends, and a redelivery of the event
         // to another replica waits on it. A replica whose path or process freezes would keep
         // it waiting for good: the server ends a session idle in this transaction for the ack
-        // wait (by then JetStream redelivers the message anyway), or sooner where the session
-        // already has a shorter timeout (the setting's text, `1500ms` or `1min`, is an
-        // interval's).
+        // wait (by then JetStream redelivers the message anyway), and drops its connection
+        // when what it sends stays unacknowledged that long (a server blocked sending a large
+        // result to a silent path is not idle), or sooner where the session already has a
+        // shorter setting (the idle timeout's text, `1500ms` or `1min`, is an interval's; the
+        // TCP user timeout shows as milliseconds without a unit).
         let fresh = sqlx::query(
             "with timeout as ( \
                select set_config('idle_in_transaction_session_timeout', \
-                        case when t.ms between 1 and $3 then t.ms::text else $3::text end, true) \
+                        case when t.idle between 1 and $3 then t.idle::text else $3::text end, \
+                        true), \
+                      set_config('tcp_user_timeout', \
+                        case when t.tcp between 1 and $3 then t.tcp::text else $3::text end, \
+                        true) \
                  from (select (extract(epoch from \
                          current_setting('idle_in_transaction_session_timeout')::interval) \
-                         * 1000)::int8 as ms) t) \
+                         * 1000)::int8 as idle, \
+                       current_setting('tcp_user_timeout')::int8 as tcp) t) \
              insert into outbox_consumed (consumer, event_id) select $1, $2 from timeout \
              on conflict do nothing",
         )

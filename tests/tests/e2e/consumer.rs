@@ -766,7 +766,108 @@ async fn a_failed_attempt_whose_dedupe_row_cannot_be_deleted_records_nothing() {
     assert_eq!(recorded, (0, 0), "neither consumed nor counted");
 }
 
-/// Reads the idle-in-transaction timeout of the message's transaction.
+/// Reads a result far larger than the socket buffers hold, made slowly (a megabyte every 10 ms
+/// for 10 s), and silences its own path to Postgres while the server sends it: the server
+/// blocks sending, a session that is not idle.
+struct SilencesItsPathMidResult {
+    proxy: Arc<outbox_testkit::TcpProxy>,
+    calls: Arc<AtomicU32>,
+}
+
+impl Handler<AccountOpened> for SilencesItsPathMidResult {
+    async fn handle(
+        &self,
+        delivery: &Delivery<AccountOpened>,
+        tx: &mut PgConnection,
+    ) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let read = async {
+            let mut rows = sqlx::query(
+                "select repeat('x', 1048576), pg_sleep(0.01) from generate_series(1, 1000)",
+            )
+            .fetch(&mut *tx);
+            while let Some(row) = rows.next().await {
+                row?;
+            }
+            Ok::<(), sqlx::Error>(())
+        };
+        let silence = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            self.proxy.freeze();
+        };
+        tokio::join!(read, silence).0?;
+        Record.handle(delivery, tx).await
+    }
+}
+
+/// Like the replica above whose path goes silent between its statements, but while the server
+/// sends it a large result: the session is busy, not idle, so the idle timeout does not end
+/// it. Its connection's TCP user timeout, the ack wait during the message's transaction, does,
+/// and the event is handled once elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_path_goes_silent_while_the_server_sends_it_a_result_does_not_hold_the_event(
+) {
+    let s = setup(Duration::from_secs(60)).await;
+    s.emit(1).await;
+    s.drain().await;
+    let name = "silent-mid-result";
+    let direct = s.db.pool.connect_options().as_ref().clone();
+    let proxy = Arc::new(
+        outbox_testkit::TcpProxy::start(format!("{}:{}", direct.get_host(), direct.get_port()))
+            .await,
+    );
+    let silent_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(direct.clone().host("127.0.0.1").port(proxy.port()))
+        .await
+        .expect("a pool through the proxy");
+    let config = || {
+        let mut config = quick_config(name, ConsumerConfig::new(name, STREAM).max_attempts);
+        config.ack_wait = Duration::from_secs(2);
+        config
+    };
+    let calls = Arc::new(AtomicU32::new(0));
+    let silencing = SilencesItsPathMidResult {
+        proxy: proxy.clone(),
+        calls: calls.clone(),
+    };
+    let (stop_a, task_a) = spawn(Consumer::new(
+        silent_pool,
+        s.js.clone(),
+        config(),
+        silencing,
+    ));
+    eventually(Duration::from_secs(10), "replica a in its handler", || {
+        std::future::ready(calls.load(Ordering::SeqCst) == 1)
+    })
+    .await;
+    let (stop_b, task_b) = spawn(Consumer::new(
+        s.db.pool.clone(),
+        s.js.clone(),
+        config(),
+        Record,
+    ));
+    eventually(
+        Duration::from_secs(30),
+        "the event handled by replica b while replica a's path is silent",
+        || async { s.effects().await == (1, 1) },
+    )
+    .await;
+    proxy.thaw();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    drop((stop_a, stop_b));
+    task_b.await.expect("replica b lives to its shutdown");
+    task_a.await.expect("replica a lives to its shutdown");
+    assert_eq!(s.effects().await, (1, 1), "once");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "replica a got it once");
+}
+
+/// The session's idle-in-transaction timeout and TCP user timeout, as `SHOW` has them (the
+/// latter in milliseconds, without a unit).
+const TIMEOUTS: &str = "select current_setting('idle_in_transaction_session_timeout') \
+    || ' ' || current_setting('tcp_user_timeout')";
+
+/// Reads the idle-in-transaction and TCP user timeouts of the message's transaction.
 struct ReadsItsTimeout {
     seen: Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -777,18 +878,15 @@ impl Handler<AccountOpened> for ReadsItsTimeout {
         _: &Delivery<AccountOpened>,
         tx: &mut PgConnection,
     ) -> Result<(), HandlerError> {
-        let timeout: String =
-            sqlx::query_scalar("select current_setting('idle_in_transaction_session_timeout')")
-                .fetch_one(tx)
-                .await?;
-        self.seen.lock().expect("seen").push(timeout);
+        let timeouts: String = sqlx::query_scalar(TIMEOUTS).fetch_one(tx).await?;
+        self.seen.lock().expect("seen").push(timeouts);
         Ok(())
     }
 }
 
-/// A message's transaction may sit idle for the ack wait, or for less where the session
-/// already says so (a role's or a connection's setting is not loosened); the session's own
-/// setting is back once the transaction ends.
+/// A message's transaction may sit idle, or leave what the server sends unacknowledged, for the
+/// ack wait, or for less where the session already says so (a role's or a connection's setting
+/// is not loosened); the session's own settings are back once the transaction ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_messages_transaction_may_sit_idle_for_the_ack_wait_or_the_sessions_shorter_timeout() {
     let s = setup(Duration::from_secs(60)).await;
@@ -797,12 +895,15 @@ async fn a_messages_transaction_may_sit_idle_for_the_ack_wait_or_the_sessions_sh
     let options = s.db.pool.connect_options().as_ref().clone();
     let stricter = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
-        .connect_with(options.options([("idle_in_transaction_session_timeout", "700")]))
+        .connect_with(options.options([
+            ("idle_in_transaction_session_timeout", "700"),
+            ("tcp_user_timeout", "500"),
+        ]))
         .await
-        .expect("a pool whose sessions have a shorter timeout");
+        .expect("a pool whose sessions have shorter timeouts");
     for (name, pool, expected) in [
-        ("timeout-default", s.db.pool.clone(), "3s"),
-        ("timeout-stricter", stricter.clone(), "700ms"),
+        ("timeout-default", s.db.pool.clone(), "3s 3000"),
+        ("timeout-stricter", stricter.clone(), "700ms 500"),
     ] {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut config = ConsumerConfig::new(name, STREAM);
@@ -817,14 +918,13 @@ async fn a_messages_transaction_may_sit_idle_for_the_ack_wait_or_the_sessions_sh
         task.await.expect("consumer task");
         assert_eq!(seen.lock().expect("seen").as_slice(), [expected], "{name}");
     }
-    let after: String =
-        sqlx::query_scalar("select current_setting('idle_in_transaction_session_timeout')")
-            .fetch_one(&stricter)
-            .await
-            .expect("read the setting");
+    let after: String = sqlx::query_scalar(TIMEOUTS)
+        .fetch_one(&stricter)
+        .await
+        .expect("read the settings");
     assert_eq!(
-        after, "700ms",
-        "the session's own setting once the transaction ended"
+        after, "700ms 500",
+        "the session's own settings once the transaction ended"
     );
 }
 
