@@ -4,8 +4,10 @@
 //! A frozen proxy stops carrying bytes either way and tells nobody: no close, no reset, the
 //! bytes it had read are held until it thaws, and new connections are accepted but carry
 //! nothing. That is what a dropped network path, a paused VM's link or a stuck middlebox looks
-//! like to both ends, which only a timeout of their own can notice. A cut closes every
-//! connection at once, as a peer's crash does; new connections go through as before.
+//! like to both ends, which only a timeout of their own can notice. A proxy can also go silent
+//! one way only, in the middle of an answer ([`TcpProxy::freeze_answers_after`]): the server
+//! has the request and blocks sending its answer. A cut closes every connection at once, as a
+//! peer's crash does; new connections go through as before.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -50,6 +52,11 @@ struct Shared {
     upstream: String,
     /// Whether the proxy carries bytes: `true` while frozen.
     frozen: watch::Sender<bool>,
+    /// Whether it carries bytes from the server: `false` once an answer budget ran out.
+    answering: watch::Sender<bool>,
+    /// The bytes it still carries from the server (all connections together) before it stops
+    /// carrying them, if a budget is set.
+    answer_budget: Mutex<Option<usize>>,
     /// Bumped by each cut: every connection opened before it closes.
     cuts: watch::Sender<u64>,
     /// The connections open now, by the local port the upstream server sees each come from.
@@ -66,6 +73,8 @@ impl TcpProxy {
         let shared = Arc::new(Shared {
             upstream: upstream.into(),
             frozen: watch::channel(false).0,
+            answering: watch::channel(true).0,
+            answer_budget: Mutex::new(None),
             cuts: watch::channel(0).0,
             open: Mutex::new(Vec::new()),
         });
@@ -98,8 +107,19 @@ impl TcpProxy {
         self.shared.frozen.send_replace(true);
     }
 
+    /// Carries at most `bytes` more from the server to the clients (all connections together),
+    /// then stops carrying that way, without closing anything; the clients' bytes still reach
+    /// the server. A server sending a large answer then blocks once the sockets' buffers are
+    /// full, as it does when the client's path goes silent mid-answer. [`TcpProxy::thaw`]
+    /// carries answers again.
+    pub fn freeze_answers_after(&self, bytes: usize) {
+        *self.shared.answer_budget.lock().expect("the budget") = Some(bytes);
+    }
+
     /// Carries bytes again, starting with those held since the freeze.
     pub fn thaw(&self) {
+        *self.shared.answer_budget.lock().expect("the budget") = None;
+        self.shared.answering.send_replace(true);
         self.shared.frozen.send_replace(false);
     }
 
@@ -153,8 +173,13 @@ async fn connection(client: TcpStream, shared: Arc<Shared>) {
     shared.open.lock().expect("the proxy's list").push(seen_as);
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
-    let up = pipe(client_read, server_write, shared.frozen.subscribe());
-    let down = pipe(server_read, client_write, shared.frozen.subscribe());
+    let up = pipe(client_read, server_write, shared.frozen.subscribe(), None);
+    let down = pipe(
+        server_read,
+        client_write,
+        shared.frozen.subscribe(),
+        Some(&shared),
+    );
     // the connection ends when a side closes (its direction ends; the other follows, since
     // the peer closes too) or at a cut, which drops both sockets
     tokio::select! {
@@ -170,11 +195,23 @@ async fn connection(client: TcpStream, shared: Arc<Shared>) {
 
 /// Copies `from` to `to` while not frozen; a read in flight when a freeze begins is dropped
 /// (a socket read is cancel-safe: nothing is lost), and bytes already read wait for the thaw.
-async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut frozen: watch::Receiver<bool>) {
+/// The server's side (`answers`) also spends the answer budget, and stops when it runs out.
+async fn pipe(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut frozen: watch::Receiver<bool>,
+    answers: Option<&Shared>,
+) {
+    let mut answering = answers.map(|s| s.answering.subscribe());
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         if frozen.wait_for(|f| !*f).await.is_err() {
             return;
+        }
+        if let Some(answering) = answering.as_mut() {
+            if answering.wait_for(|a| *a).await.is_err() {
+                return;
+            }
         }
         let n = tokio::select! {
             read = from.read(&mut buf) => match read {
@@ -183,11 +220,29 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut frozen: watch
             },
             _ = frozen.wait_for(|f| *f) => continue,
         };
-        if frozen.wait_for(|f| !*f).await.is_err() {
-            return;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            break;
+        let mut sent = 0;
+        while sent < n {
+            if frozen.wait_for(|f| !*f).await.is_err() {
+                return;
+            }
+            let mut upto = n;
+            if let (Some(shared), Some(answering)) = (answers, answering.as_mut()) {
+                if answering.wait_for(|a| *a).await.is_err() {
+                    return;
+                }
+                let mut budget = shared.answer_budget.lock().expect("the budget");
+                if let Some(left) = budget.as_mut() {
+                    upto = sent + (n - sent).min(*left);
+                    *left -= upto - sent;
+                    if *left == 0 {
+                        shared.answering.send_replace(false);
+                    }
+                }
+            }
+            if to.write_all(&buf[sent..upto]).await.is_err() {
+                return;
+            }
+            sent = upto;
         }
     }
     let _ = to.shutdown().await;
@@ -223,6 +278,39 @@ mod tests {
             .ok()?
             .ok()?;
         Some(buf)
+    }
+
+    #[tokio::test]
+    async fn answers_stop_after_their_budget_while_requests_go_on() {
+        let proxy = TcpProxy::start(echo_server().await).await;
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.freeze_answers_after(4);
+        s.write_all(b"abcdef").await.unwrap();
+        let mut first = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut first))
+            .await
+            .expect("four bytes of the answer")
+            .unwrap();
+        assert_eq!(&first, b"abcd");
+        s.write_all(b"gh").await.unwrap();
+        let mut more = [0u8; 1];
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), s.read(&mut more))
+                .await
+                .is_err(),
+            "nothing more comes back"
+        );
+        assert!(!proxy.is_frozen(), "requests still reach the server");
+        proxy.thaw();
+        let mut buf = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut buf))
+            .await
+            .expect("the held answer arrives after the thaw")
+            .unwrap();
+        assert_eq!(
+            &buf, b"efgh",
+            "the rest of the first, and the request sent meanwhile"
+        );
     }
 
     #[tokio::test]
