@@ -123,7 +123,10 @@ macro_rules! unpublished_in_lane {
 
 /// The batch transaction's start and its own settings, in one round trip (the simple query
 /// protocol: the text is parsed at every batch, so it holds nothing to plan):
-/// `statement_ms`: statement and lock timeout, `idle_ms`: idle-in-transaction timeout.
+/// `statement_ms`: statement and lock timeout, `idle_ms`: idle-in-transaction timeout, and how
+/// long what the server sends may stay unacknowledged (`tcp_user_timeout`: a server blocked
+/// sending a claim's rows to a relay whose path went silent, or whose process froze, is busy,
+/// not idle, and would hold the claimed rows until TCP gives up).
 pub(super) fn begin_settings(statement_ms: u128, idle_ms: u128) -> String {
     format!(
         "begin; \
@@ -133,7 +136,8 @@ select set_config('synchronous_commit', 'off', true),
        set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('statement_timeout', '{statement_ms}', true),
        set_config('lock_timeout', '{statement_ms}', true),
-       set_config('idle_in_transaction_session_timeout', '{idle_ms}', true)"
+       set_config('idle_in_transaction_session_timeout', '{idle_ms}', true),
+       set_config('tcp_user_timeout', '{idle_ms}', true)"
     )
 }
 

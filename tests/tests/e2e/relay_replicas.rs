@@ -492,6 +492,102 @@ async fn a_killed_lease_holders_place_is_taken_within_seconds_and_order_holds() 
     ctx.delete_stream().await;
 }
 
+/// The lease holder's path to Postgres goes silent while Postgres sends it a claim far larger
+/// than the sockets' buffers hold (500 rows of 64 KiB): the server's session blocks sending,
+/// busy, so neither its idle timeout nor a statement timeout ends it, and it would hold the
+/// claimed rows, and their subjects, until TCP gave up. The batch's `tcp_user_timeout`
+/// (`ack_timeout + 5 s`) makes the server drop that connection; the relay that takes the lease
+/// over publishes every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_whose_path_goes_silent_while_postgres_sends_its_claim_gives_its_rows_up() {
+    let ctx = Ctx::new().await;
+    ctx.ensure_stream().await;
+    let event_type = ctx.event_type("billing.document.attached");
+    let config = RelayConfig {
+        event_types: vec![event_type.clone()],
+        ..Default::default()
+    };
+    let direct = ctx.pool().connect_options().as_ref().clone();
+    let proxy =
+        outbox_testkit::TcpProxy::start(format!("{}:{}", direct.get_host(), direct.get_port()))
+            .await;
+    let through_proxy = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(config.pool_size())
+        .connect_with(direct.clone().host("127.0.0.1").port(proxy.port()))
+        .await
+        .expect("a pool through the proxy");
+    let silent = Arc::new(
+        Relay::new(through_proxy, ctx.js.clone(), config.clone())
+            .await
+            .expect("the relay behind the proxy"),
+    );
+    let (stop_silent, running_silent) = run_relay(silent.clone());
+    eventually(
+        Duration::from_secs(20),
+        "the relay holds the lease",
+        || async { lease_holder(&ctx).await.is_some() },
+    )
+    .await;
+    // a megabyte more of answers, then none: the claim's rows stop on their way
+    proxy.freeze_answers_after(1 << 20);
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "insert into outbox_events (id, event_type, source, subject, time, data, created_at) \
+         select gen_random_uuid(), $1, 'documents', 'document-' || (g % 50), now(), \
+                jsonb_build_object('n', g, 'pad', repeat('x', 65536)), \
+                now() + g * interval '1 microsecond' \
+           from generate_series(1, 500) g \
+         returning id",
+    )
+    .bind(&event_type)
+    .fetch_all(ctx.pool())
+    .await
+    .expect("insert the large rows");
+    eventually(
+        Duration::from_secs(20),
+        "the silent relay's session blocked sending",
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "select exists (select 1 from pg_stat_activity \
+                  where wait_event = 'ClientWrite' and datname = current_database())",
+            )
+            .fetch_one(ctx.pool())
+            .await
+            .expect("read the sessions")
+        },
+    )
+    .await;
+    let took_over = ctx.db.new_pool(config.pool_size()).await;
+    let successor = Arc::new(
+        Relay::new(took_over, ctx.js.clone(), config.clone())
+            .await
+            .expect("the successor"),
+    );
+    let (stop, running) = run_relay(successor.clone());
+    eventually(
+        Duration::from_secs(60),
+        "every row published by the successor",
+        || async { ctx.db.unpublished().await == 0 },
+    )
+    .await;
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    proxy.thaw();
+    drop(stop_silent);
+    running_silent.abort();
+    let _ = running_silent.await;
+    let seen: HashSet<Uuid> = ctx
+        .read_stream()
+        .await
+        .into_iter()
+        .map(|m| m.envelope.id)
+        .collect();
+    assert!(
+        ids.iter().all(|id| seen.contains(id)),
+        "every row in the stream"
+    );
+    ctx.delete_stream().await;
+}
+
 /// Every plan node of `plan` (an `EXPLAIN (FORMAT JSON)` plan), depth first.
 fn plan_nodes(plan: &serde_json::Value) -> Vec<&serde_json::Value> {
     let mut nodes = vec![plan];
