@@ -222,8 +222,9 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         .execute(&self.pool)
         .await
         .map_err(|e| CONSUMER_NAMES.error(e))?;
-        let (event_type, created, forgets): (String, Option<DateTime<Utc>>, bool) = sqlx::query_as(
-            "select event_type, durable_created_at, \
+        let (event_type, created, may_count_failures): (String, Option<DateTime<Utc>>, bool) =
+            sqlx::query_as(
+                "select event_type, durable_created_at, \
                         has_table_privilege('outbox_consumed', 'delete') \
                         and has_column_privilege('outbox_consumed', 'consumer', 'select') \
                         and has_column_privilege('outbox_consumed', 'event_id', 'select') \
@@ -232,12 +233,12 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                         and has_table_privilege('outbox_consumer_attempts', 'update') \
                         and has_table_privilege('outbox_consumer_attempts', 'delete') \
                    from outbox_consumer_names where consumer = $1",
-        )
-        .bind(&*self.name)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| CONSUMER_NAMES.error(e))?;
-        if !forgets {
+            )
+            .bind(&*self.name)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| CONSUMER_NAMES.error(e))?;
+        if !may_count_failures {
             return Err(Error::Config(
                 "permission denied to the consumer's role for a failed attempt: it deletes its \
                  dedupe row by key (`delete`, and `select` on `consumer` and `event_id` of \

@@ -24,8 +24,8 @@
 //!    counting; any other failure counts one attempt in `outbox_consumer_attempts` (migration
 //!    `0006`), in the message's transaction (rolled back to a savepoint taken before the
 //!    handler), so a redelivery on another replica waiting on the dedupe row reads the count
-//!    when the row is let go. The budget is not JetStream's delivery count, which also counts the consumer's
-//!    own outages and held events. After [`ConsumerConfig::max_attempts`] failures the message
+//!    when the row is let go. The budget is not JetStream's delivery count, which also counts
+//!    the consumer's own outages and held events. After [`ConsumerConfig::max_attempts`] failures the message
 //!    gives up: it is published to [`ConsumerConfig::dead_letter`] when one is set (and the
 //!    publish acknowledged), terminated, logged at error level and counted in
 //!    `outbox_consumer_gave_up_total`: never dropped silently.
