@@ -471,10 +471,14 @@ async fn an_undecodable_message_is_counted_once_however_many_tries_its_letter_ta
 }
 
 /// Silences its own path to Postgres (no close, no reset), then records the event: the
-/// write never arrives, and the transaction that holds the event's dedupe row waits.
+/// write never arrives, and the transaction that holds the event's dedupe row waits. With
+/// `mid_result`, it first sends a query whose result is far larger than the socket buffers
+/// hold, made slowly (a megabyte every 10 ms for 10 s), and silences its path 300 ms into it:
+/// the server blocks sending, a session that is not idle.
 struct SilencesItsPath {
     proxy: Arc<outbox_testkit::TcpProxy>,
     calls: Arc<AtomicU32>,
+    mid_result: bool,
 }
 
 impl Handler<AccountOpened> for SilencesItsPath {
@@ -484,23 +488,35 @@ impl Handler<AccountOpened> for SilencesItsPath {
         tx: &mut PgConnection,
     ) -> Result<(), HandlerError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.proxy.freeze();
+        if !self.mid_result {
+            self.proxy.freeze();
+            return Record.handle(delivery, tx).await;
+        }
+        let read = async {
+            let mut rows = sqlx::query(
+                "select repeat('x', 1048576), pg_sleep(0.01) from generate_series(1, 1000)",
+            )
+            .fetch(&mut *tx);
+            while let Some(row) = rows.next().await {
+                row?;
+            }
+            Ok::<(), sqlx::Error>(())
+        };
+        let silence = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            self.proxy.freeze();
+        };
+        tokio::join!(read, silence).0?;
         Record.handle(delivery, tx).await
     }
 }
 
-/// A replica whose path to Postgres goes silent in the middle of a message (a frozen network
-/// path, a frozen process) leaves its transaction open, holding the event's dedupe row. The
-/// server ends that session once it has been idle in its transaction for the ack wait, so the
-/// redelivery to another replica handles the event, once, instead of waiting on the row for
-/// as long as the path stays silent (and handling nothing else meanwhile).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the_event_from_the_others(
-) {
+/// Replica a of consumer `name` silences its path to Postgres in its handler
+/// ([`SilencesItsPath`]); replica b, direct, must handle the redelivered event `within`, once.
+async fn a_silent_replica_does_not_hold_the_event(name: &str, mid_result: bool, within: Duration) {
     let s = setup(Duration::from_secs(60)).await;
     s.emit(1).await;
     s.drain().await;
-    let name = "silent";
     let direct = s.db.pool.connect_options().as_ref().clone();
     let proxy = Arc::new(
         outbox_testkit::TcpProxy::start(format!("{}:{}", direct.get_host(), direct.get_port()))
@@ -520,6 +536,7 @@ async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the
     let silencing = SilencesItsPath {
         proxy: proxy.clone(),
         calls: calls.clone(),
+        mid_result,
     };
     let (stop_a, task_a) = spawn(Consumer::new(
         silent_pool,
@@ -539,7 +556,7 @@ async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the
     ));
     // redelivered after the ack wait, the event waits for replica a's session to end
     eventually(
-        Duration::from_secs(15),
+        within,
         "the event handled by replica b while replica a's path is silent",
         || async { s.effects().await == (1, 1) },
     )
@@ -551,6 +568,17 @@ async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the
     task_a.await.expect("replica a lives to its shutdown");
     assert_eq!(s.effects().await, (1, 1), "once");
     assert_eq!(calls.load(Ordering::SeqCst), 1, "replica a got it once");
+}
+
+/// A replica whose path to Postgres goes silent in the middle of a message (a frozen network
+/// path, a frozen process) leaves its transaction open, holding the event's dedupe row. The
+/// server ends that session once it has been idle in its transaction for the ack wait, so the
+/// redelivery to another replica handles the event, once, instead of waiting on the row for
+/// as long as the path stays silent (and handling nothing else meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_database_path_goes_silent_mid_message_does_not_hold_the_event_from_the_others(
+) {
+    a_silent_replica_does_not_hold_the_event("silent", false, Duration::from_secs(15)).await;
 }
 
 /// Fails its first call, but only once another session waits on the message's transaction
@@ -766,40 +794,6 @@ async fn a_failed_attempt_whose_dedupe_row_cannot_be_deleted_records_nothing() {
     assert_eq!(recorded, (0, 0), "neither consumed nor counted");
 }
 
-/// Reads a result far larger than the socket buffers hold, made slowly (a megabyte every 10 ms
-/// for 10 s), and silences its own path to Postgres while the server sends it: the server
-/// blocks sending, a session that is not idle.
-struct SilencesItsPathMidResult {
-    proxy: Arc<outbox_testkit::TcpProxy>,
-    calls: Arc<AtomicU32>,
-}
-
-impl Handler<AccountOpened> for SilencesItsPathMidResult {
-    async fn handle(
-        &self,
-        delivery: &Delivery<AccountOpened>,
-        tx: &mut PgConnection,
-    ) -> Result<(), HandlerError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let read = async {
-            let mut rows = sqlx::query(
-                "select repeat('x', 1048576), pg_sleep(0.01) from generate_series(1, 1000)",
-            )
-            .fetch(&mut *tx);
-            while let Some(row) = rows.next().await {
-                row?;
-            }
-            Ok::<(), sqlx::Error>(())
-        };
-        let silence = async {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            self.proxy.freeze();
-        };
-        tokio::join!(read, silence).0?;
-        Record.handle(delivery, tx).await
-    }
-}
-
 /// Like the replica above whose path goes silent between its statements, but while the server
 /// sends it a large result: the session is busy, not idle, so the idle timeout does not end
 /// it. Its connection's TCP user timeout, the ack wait during the message's transaction, does,
@@ -807,59 +801,8 @@ impl Handler<AccountOpened> for SilencesItsPathMidResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_path_goes_silent_while_the_server_sends_it_a_result_does_not_hold_the_event(
 ) {
-    let s = setup(Duration::from_secs(60)).await;
-    s.emit(1).await;
-    s.drain().await;
-    let name = "silent-mid-result";
-    let direct = s.db.pool.connect_options().as_ref().clone();
-    let proxy = Arc::new(
-        outbox_testkit::TcpProxy::start(format!("{}:{}", direct.get_host(), direct.get_port()))
-            .await,
-    );
-    let silent_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(direct.clone().host("127.0.0.1").port(proxy.port()))
-        .await
-        .expect("a pool through the proxy");
-    let config = || {
-        let mut config = quick_config(name, ConsumerConfig::new(name, STREAM).max_attempts);
-        config.ack_wait = Duration::from_secs(2);
-        config
-    };
-    let calls = Arc::new(AtomicU32::new(0));
-    let silencing = SilencesItsPathMidResult {
-        proxy: proxy.clone(),
-        calls: calls.clone(),
-    };
-    let (stop_a, task_a) = spawn(Consumer::new(
-        silent_pool,
-        s.js.clone(),
-        config(),
-        silencing,
-    ));
-    eventually(Duration::from_secs(10), "replica a in its handler", || {
-        std::future::ready(calls.load(Ordering::SeqCst) == 1)
-    })
-    .await;
-    let (stop_b, task_b) = spawn(Consumer::new(
-        s.db.pool.clone(),
-        s.js.clone(),
-        config(),
-        Record,
-    ));
-    eventually(
-        Duration::from_secs(30),
-        "the event handled by replica b while replica a's path is silent",
-        || async { s.effects().await == (1, 1) },
-    )
-    .await;
-    proxy.thaw();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    drop((stop_a, stop_b));
-    task_b.await.expect("replica b lives to its shutdown");
-    task_a.await.expect("replica a lives to its shutdown");
-    assert_eq!(s.effects().await, (1, 1), "once");
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "replica a got it once");
+    a_silent_replica_does_not_hold_the_event("silent-mid-result", true, Duration::from_secs(30))
+        .await;
 }
 
 /// The session's idle-in-transaction timeout and TCP user timeout, as `SHOW` has them (the
