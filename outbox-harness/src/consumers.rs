@@ -98,9 +98,9 @@ pub enum Fate {
 
 impl Fate {
     /// The fate of event `id`: 1 in 64 each panicking and transient, 1 in 256 each slow,
-    /// doomed and slow to fail. Rare enough that a subject of a burst writer, hundreds of events each held
-    /// behind its subject's failing one at the replica that saw the failure, drains within
-    /// seconds.
+    /// doomed and slow to fail. Rare enough that a subject of a burst writer, hundreds of
+    /// events each held behind its subject's failing one at the replica that saw the failure,
+    /// drains within seconds.
     pub fn of(id: Uuid) -> Fate {
         let bits = id.as_u128();
         let drawn = Rng::new((bits as u64) ^ ((bits >> 64) as u64)).below(256);

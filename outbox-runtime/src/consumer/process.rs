@@ -270,19 +270,19 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
         message: &jetstream::Message,
         subject: &str,
         letter: &Letter<'_>,
-    ) -> Result<Stored> {
+    ) -> Result<()> {
         match dead_letter::publish(&self.js, subject, message, letter).await {
             Err(e) => {
                 ack(message, AckKind::Nak(Some(self.config.retry_max))).await?;
                 Err(e)
             }
             // a letter an earlier try stored is counted once
-            Ok(Stored::Before) => Ok(Stored::Before),
+            Ok(Stored::Before) => Ok(()),
             Ok(Stored::Now) => {
                 metrics::counter!(m::CONSUMER_DEAD_LETTERS, "consumer" => self.name.to_string(),
                     "kind" => letter.kind.as_str())
                 .increment(1);
-                Ok(Stored::Now)
+                Ok(())
             }
         }
     }
