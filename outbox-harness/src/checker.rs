@@ -1080,6 +1080,23 @@ mod tests {
     }
 
     #[test]
+    fn another_role_and_a_revoked_catalog_excuse_nothing() {
+        for fault in [
+            Fault::Intruder(crate::schedule::Intrusion::WakeLockShared),
+            Fault::Intruder(crate::schedule::Intrusion::Flood),
+            Fault::LocksRevoked,
+        ] {
+            let mut case = Case::new();
+            case.fault(fault, 0.5, 30.0);
+            case.event(1, "s", 1.0, Some(10.5));
+            assert!(case.check().is_empty(), "{fault:?}: {:?}", case.check());
+            // 12 s after its commit, during the fault: as late as without it
+            case.fin.messages[0].stored_at = t(13.0);
+            assert_eq!(case.violated(), [Property::Delivered], "{fault:?}");
+        }
+    }
+
+    #[test]
     fn a_fault_of_one_relay_is_excused_only_until_another_takes_over() {
         let mut case = Case::new();
         case.rec.relays.push(relay(1, 0.0, None));

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::schedule::{FreezeHow, Insert, Path, PoisonKind, RelayKind, Shape};
+use crate::schedule::{FreezeHow, Insert, Intrusion, Path, PoisonKind, RelayKind, Shape};
 
 /// A wall-clock time.
 pub type Time = DateTime<Utc>;
@@ -104,9 +104,18 @@ pub enum Fault {
     /// `pg_locks` not readable by the relays' role, until granted again: it excuses nothing
     /// (the relays publish as before, their cursors held where they are).
     LocksRevoked,
+    /// Another role interfering with the relays, until it let go: it excuses nothing (the
+    /// relays publish as before, within a linger).
+    Intruder(Intrusion),
 }
 
 impl Fault {
+    /// Whether the fault excuses a late publish: every fault but those of the catalog and of
+    /// another role, which the relays must publish through as before.
+    pub fn excuses(self) -> bool {
+        !matches!(self, Fault::LocksRevoked | Fault::Intruder(_))
+    }
+
     /// The relay slot a relay-local fault hits.
     pub fn relay(self) -> Option<usize> {
         match self {
@@ -408,11 +417,13 @@ impl History {
     }
 
     /// Whether a fault that could stop a relay in `slot` from starting was on at any time
-    /// since `since`: any fault but another slot's.
+    /// since `since`: any fault but another slot's, or another role's.
     pub fn faulty_since(&self, since: Time, slot: usize) -> bool {
         self.with(|r| {
             r.faults.iter().any(|f| {
-                f.fault.relay().is_none_or(|s| s == slot) && f.end.is_none_or(|end| end >= since)
+                f.fault.relay().is_none_or(|s| s == slot)
+                    && !matches!(f.fault, Fault::Intruder(_))
+                    && f.end.is_none_or(|end| end >= since)
             })
         })
     }
@@ -491,6 +502,7 @@ impl Fault {
             Fault::RelayPathFrozen(r, p) => format!("relay r{r}'s {p:?} path silent"),
             Fault::RelayPathCut(r, p) => format!("relay r{r}'s {p:?} path cut"),
             Fault::LocksRevoked => "select on pg_locks revoked from public".into(),
+            Fault::Intruder(how) => format!("another role: {how:?}"),
         }
     }
 }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::history::{Fault, History, LockSample, Time};
 use crate::relays::Fleet;
-use crate::schedule::{Action, FreezeHow, Node, Schedule};
+use crate::schedule::{Action, FreezeHow, Intrusion, Node, Schedule};
 use crate::servers::{Servers, RELAY_ROLE};
 use crate::workload::Workload;
 
@@ -203,6 +203,13 @@ impl Run {
                 }
                 self.history.healed(fault);
             }
+            Action::Intrude { how, length } => {
+                // not under the Postgres faults' lock: another role does not wait for them
+                let fault = self.history.fault(Fault::Intruder(how));
+                let what = intrude(&self.servers.intruder_url(), how, length).await;
+                self.history.note(format!("another role, {how:?}: {what}"));
+                self.history.healed(fault);
+            }
         }
     }
 
@@ -310,5 +317,89 @@ impl Run {
                 });
             }
         }
+    }
+}
+
+/// What a flood of notifications sends, in turn: what `outbox unblock` sends, nothing, a
+/// partition at each end of the range, numbers out of it, and words the relay does not know.
+const FLOOD: [&str; 7] = ["release", "", "0", "1023", "-1", "4096", "relays please"];
+
+/// Another role interferes with the relays as `how` says for `length`, connected as it is
+/// straight to Postgres, and connecting again while Postgres restarts (a lock is taken again);
+/// says what it managed.
+async fn intrude(url: &str, how: Intrusion, length: Duration) -> String {
+    use outbox_runtime::relay::LOCK_NAMESPACE;
+    use outbox_runtime::{NOTIFY_CHANNEL, NOTIFY_KEY, WAKE_KEY};
+    use sqlx::Connection;
+
+    let end = Instant::now() + length;
+    let take = match how {
+        Intrusion::NotifyLock => Some(("pg_try_advisory_lock", NOTIFY_KEY)),
+        Intrusion::NotifyLockShared => Some(("pg_try_advisory_lock_shared", NOTIFY_KEY)),
+        Intrusion::WakeLock => Some(("pg_try_advisory_lock", WAKE_KEY)),
+        Intrusion::WakeLockShared => Some(("pg_try_advisory_lock_shared", WAKE_KEY)),
+        Intrusion::Flood => None,
+    };
+    let (mut sent, mut taken, mut errors) = (0u64, 0u32, 0u32);
+    let mut conn: Option<sqlx::PgConnection> = None;
+    // whether `conn` holds the lock
+    let mut holds = false;
+    while Instant::now() < end {
+        let Some(c) = conn.as_mut() else {
+            match sqlx::PgConnection::connect(url).await {
+                Ok(c) => conn = Some(c),
+                Err(_) => {
+                    errors += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            holds = false;
+            continue;
+        };
+        let answer = match take {
+            Some((function, key)) if !holds => {
+                // the harness's own constants
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("select {function}($1, $2)")))
+                    .bind(LOCK_NAMESPACE)
+                    .bind(key)
+                    .fetch_one(&mut *c)
+                    .await
+                    .map(|got: bool| {
+                        holds = got;
+                        taken += u32::from(got);
+                    })
+            }
+            // held: the session stays, looked at now and then
+            Some(_) => sqlx::query("select 1").execute(&mut *c).await.map(drop),
+            None => {
+                let payload = FLOOD[(sent % FLOOD.len() as u64) as usize];
+                sent += 1;
+                sqlx::query("select pg_notify($1, $2)")
+                    .bind(NOTIFY_CHANNEL)
+                    .bind(payload)
+                    .execute(&mut *c)
+                    .await
+                    .map(drop)
+            }
+        };
+        if answer.is_err() {
+            errors += 1;
+            conn = None;
+        }
+        match take {
+            // about a thousand notifications a second
+            None if sent % 4 == 0 => tokio::time::sleep(Duration::from_millis(1)).await,
+            None => {}
+            Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    if let Some(c) = conn {
+        let _ = c.close().await;
+    }
+    match take {
+        Some(_) => {
+            format!("the lock taken {taken} time(s); {errors} failed statement(s) or connection(s)")
+        }
+        None => format!("{sent} notifications sent; {errors} failed statement(s) or connection(s)"),
     }
 }

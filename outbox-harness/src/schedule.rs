@@ -304,6 +304,36 @@ pub enum Node {
     StreamLeader,
 }
 
+/// What another role, sharing the database with nothing but `CONNECT`, does to the relays: any
+/// role may take their advisory lock keys and send notifications on their channel
+/// (docs/operations.md, *What another role can do to the relay*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intrusion {
+    /// Holds the notify lock exclusively: no relay can take it, and every emit notifies.
+    NotifyLock,
+    /// Holds the notify lock shared: no relay can take it.
+    NotifyLockShared,
+    /// Holds the wake lock exclusively: emits cannot take it shared, and notify.
+    WakeLock,
+    /// Holds the wake lock shared, as an emit that never ends: no relay can learn that the
+    /// emits in flight have ended, and its lanes linger.
+    WakeLockShared,
+    /// Sends notifications on the relays' channel, about a thousand a second: empty, `release`,
+    /// a partition's number, words the relay does not know.
+    Flood,
+}
+
+impl Intrusion {
+    /// Every intrusion, in the order the schedule draws them.
+    pub const ALL: [Intrusion; 5] = [
+        Intrusion::NotifyLock,
+        Intrusion::NotifyLockShared,
+        Intrusion::WakeLock,
+        Intrusion::WakeLockShared,
+        Intrusion::Flood,
+    ];
+}
+
 /// One operation of the schedule besides the sequential writers' emits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -414,6 +444,13 @@ pub enum Action {
     /// `select` on `pg_locks` revoked from `public` (the relays cannot sample the running
     /// transactions for their horizon), then granted again.
     PgRevokeLocks {
+        /// For how long.
+        length: Duration,
+    },
+    /// Another role interferes with the relays (it excuses nothing).
+    Intrude {
+        /// How.
+        how: Intrusion,
         /// For how long.
         length: Duration,
     },
@@ -680,6 +717,9 @@ impl fmt::Display for Action {
                     secs(length)
                 )
             }
+            Action::Intrude { how, length } => {
+                write!(f, "another role: {how:?} for {}", secs(length))
+            }
         }
     }
 }
@@ -745,6 +785,7 @@ mod tests {
         };
         let mut seen = std::collections::BTreeSet::new();
         let mut kinds = std::collections::BTreeSet::new();
+        let mut intrusions = std::collections::BTreeSet::new();
         for seed in 0..40 {
             let s = generate(seed, &settings);
             for op in &s.ops {
@@ -752,6 +793,9 @@ mod tests {
                 seen.insert(name.split([' ', '{']).next().unwrap().to_owned());
                 if let Action::Poison { kind, .. } = op.action {
                     kinds.insert(format!("{kind:?}"));
+                }
+                if let Action::Intrude { how, .. } = op.action {
+                    intrusions.insert(format!("{how:?}"));
                 }
             }
             for w in &s.writers {
@@ -783,6 +827,7 @@ mod tests {
             "PgRestart",
             "PgKillConnections",
             "PgRevokeLocks",
+            "Intrude",
             "Plain",
             "SleepBefore",
             "SleepAfter",
@@ -795,6 +840,7 @@ mod tests {
             );
         }
         assert_eq!(kinds.len(), PoisonKind::ALL.len(), "{kinds:?}");
+        assert_eq!(intrusions.len(), Intrusion::ALL.len(), "{intrusions:?}");
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub const RELAY_ROLE: &str = "outbox_relay";
 pub const RETENTION_ROLE: &str = "outbox_retention";
 /// The role the consumer's replicas log in as.
 pub const CONSUMER_ROLE: &str = "outbox_consumer";
+/// The role of another user of the database: nothing but `CONNECT` (it interferes with the
+/// relays: [`Intrusion`](crate::schedule::Intrusion)).
+pub const INTRUDER_ROLE: &str = "harness_intruder";
 /// The run's main stream, capturing [`STREAM_SUBJECTS`].
 pub const STREAM: &str = "HX";
 /// The main stream's `max_msg_size`, so that a row can be refused by the stream for good
@@ -220,6 +223,7 @@ impl Servers {
         create_role(&admin, RELAY_ROLE, &RELAY_GRANTS).await;
         create_role(&admin, RETENTION_ROLE, &RETENTION_GRANTS).await;
         create_role(&admin, CONSUMER_ROLE, &CONSUMER_GRANTS).await;
+        create_role(&admin, INTRUDER_ROLE, &[]).await;
         for statement in PRUNE_LEDGER.iter().chain(&APPLIED_LEDGER) {
             sqlx::query(*statement)
                 .execute(&admin)
@@ -276,6 +280,14 @@ impl Servers {
     /// The consumer role's URL of the run's database through the proxy on `port`.
     pub fn consumer_url(&self, port: u16) -> String {
         format!("postgres://{CONSUMER_ROLE}@127.0.0.1:{port}/{DATABASE}")
+    }
+
+    /// The intruder role's URL of the run's database (straight to Postgres).
+    pub fn intruder_url(&self) -> String {
+        format!(
+            "postgres://{INTRUDER_ROLE}@127.0.0.1:{}/{DATABASE}",
+            self.pg.port
+        )
     }
 
     /// The relay role's URL of the run's database through the proxy on `port`.

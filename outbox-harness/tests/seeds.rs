@@ -10,11 +10,12 @@ use std::time::Duration;
 use outbox_harness::schedule::{self, RelayMode, Settings, Topology};
 use outbox_harness::{report, run_seed, Options};
 
-/// (seed, topology, relays, held rows): every topology and kind of relay at least once, and a
-/// consumer (seed 106 draws one, beside a burst writer on its type).
+/// (seed, topology, relays, held rows): every topology and kind of relay at least once, a
+/// consumer (seed 106 draws one, beside a burst writer on its type), and another role (seed 108
+/// holds both wake-up locks' keys shared, and floods the channel while a relay is frozen).
 const BUDGET: [(u64, Topology, RelayMode, Option<u64>); 4] = [
     (101, Topology::Single, RelayMode::Task, Some(100_000)),
-    (102, Topology::Single, RelayMode::Process, None),
+    (108, Topology::Single, RelayMode::Process, None),
     (103, Topology::Cluster, RelayMode::Mixed, None),
     (106, Topology::Cluster, RelayMode::Mixed, None),
 ];
@@ -30,19 +31,33 @@ fn settings(topology: Topology, relays: RelayMode, held_rows: Option<u64>) -> Se
     }
 }
 
-#[test]
-fn the_fixed_seeds_run_a_consumer() {
-    let with_consumer = BUDGET
+/// How many seeds of the budget draw a schedule that `has`.
+fn budget_seeds_with(has: impl Fn(&schedule::Schedule) -> bool) -> usize {
+    BUDGET
         .iter()
         .filter(|(seed, topology, relays, held_rows)| {
-            schedule::generate(*seed, &settings(*topology, *relays, *held_rows))
-                .consumers
-                .is_some()
+            has(&schedule::generate(
+                *seed,
+                &settings(*topology, *relays, *held_rows),
+            ))
         })
-        .count();
+        .count()
+}
+
+#[test]
+fn the_fixed_seeds_run_a_consumer_and_another_role() {
     assert!(
-        with_consumer >= 1,
+        budget_seeds_with(|s| s.consumers.is_some()) >= 1,
         "no seed of the budget draws a consumer: pick one that does (`--dry-run` prints it)"
+    );
+    let intrudes = |s: &schedule::Schedule| {
+        s.ops
+            .iter()
+            .any(|op| matches!(op.action, schedule::Action::Intrude { .. }))
+    };
+    assert!(
+        budget_seeds_with(intrudes) >= 1,
+        "no seed of the budget draws another role: pick one that does (`--dry-run` prints it)"
     );
 }
 

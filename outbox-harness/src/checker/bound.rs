@@ -109,7 +109,7 @@ impl Timeline<'_> {
         let b = self.bounds;
         let mut out = Vec::new();
         for f in &self.rec.faults {
-            if f.fault == Fault::LocksRevoked {
+            if !f.fault.excuses() {
                 continue;
             }
             let end = f.end.unwrap_or(self.healed);

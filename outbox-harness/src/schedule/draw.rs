@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{
-    Action, ConsumerPlan, CreatedAt, Emit, EventSpec, FreezeHow, Insert, Node, Op, Path,
+    Action, ConsumerPlan, CreatedAt, Emit, EventSpec, FreezeHow, Insert, Intrusion, Node, Op, Path,
     PoisonKind, RelayKind, RelayMode, RetentionPlan, Schedule, Settings, Shape, Topology, Writer,
     EVENT_TYPES, FUTURE, PAST, RELAY_SLOTS,
 };
@@ -68,6 +68,7 @@ impl Draft {
         self.broker();
         self.postgres();
         self.catalog();
+        self.intruder();
         let count = self.root.fork("writers").between(2, 4) as usize;
         let mut rng = self.root.fork("writers");
         for n in 0..count {
@@ -273,6 +274,22 @@ impl Draft {
             let at = rng.secs(3, half);
             let length = rng.secs(2, 20);
             self.push(at, Action::PgRevokeLocks { length });
+        }
+    }
+
+    /// In half the runs, another role (nothing but `CONNECT`) interferes with the relays 1-3
+    /// times, for 3-25 s each, at any time of the run (a generator of its own). The windows may
+    /// overlap: each has a connection of its own.
+    fn intruder(&mut self) {
+        let mut rng = self.root.fork("intruder");
+        if rng.chance(0.5) {
+            let end = self.duration.as_secs().saturating_sub(5).max(3);
+            for _ in 0..rng.between(1, 3) {
+                let at = rng.secs(2, end);
+                let how = rng.pick(&Intrusion::ALL);
+                let length = rng.secs(3, 25);
+                self.push(at, Action::Intrude { how, length });
+            }
         }
     }
 
