@@ -320,7 +320,7 @@ impl<E: OutboxEvent, H: Handler<E>> Consumer<E, H> {
                         true) \
                  from (select (extract(epoch from \
                          current_setting('idle_in_transaction_session_timeout')::interval) \
-                         * 1000)::int8 as idle, \
+                         operator(pg_catalog.*) 1000)::int8 as idle, \
                        current_setting('tcp_user_timeout')::int8 as tcp) t) \
              insert into outbox_consumed (consumer, event_id) select $1, $2 from timeout \
              on conflict do nothing",

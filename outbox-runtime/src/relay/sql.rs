@@ -149,7 +149,7 @@ select set_config('synchronous_commit', 'off', true),
 /// transactions' ids. `pg_locks`, `pg_stat_activity`'s `datname` and `backend_xid` and
 /// `pg_prepared_xacts` are readable by every role.
 pub(super) const SAMPLE: &str = "\
-select (extract(epoch from statement_timestamp()) * 1000000)::int8 - 946684800000000 as sampled_at,
+select (extract(epoch from statement_timestamp()) operator(pg_catalog.*) 1000000)::int8 - 946684800000000 as sampled_at,
        (select coalesce(string_agg(l.pid::text || ':' || l.virtualtransaction || ':' || coalesce(a.backend_xid::text, ''), ','), '')
           from pg_locks l join pg_stat_activity a on a.pid = l.pid
          where l.locktype = 'virtualxid' and l.granted and l.virtualxid = l.virtualtransaction
@@ -262,7 +262,7 @@ macro_rules! claim {
             unpublished_in_lane!(("$2", "$3", "$4"), ("$5", "$6"), "<=", ("$7", "$8")),
             "   and not ",
             parked!("o"),
-            "   and o.subject not in (select unnest($9::text[]))",
+            "   and o.subject not in (select pg_catalog.unnest($9::text[]))",
             " order by o.created_at, o.id",
             " limit $1",
             "   for update of o skip locked"
@@ -432,7 +432,7 @@ mod tests {
         for condition in [
             in_lane!("$2", "$3", "$4"),
             "from outbox_retries r where r.subject = o.subject",
-            "not in (select unnest($9::text[]))",
+            "not in (select pg_catalog.unnest($9::text[]))",
         ] {
             assert!(claim.contains(condition), "{condition} in {claim}");
         }

@@ -165,7 +165,7 @@ impl Session {
         let ids: Vec<Uuid> = rows.keys().copied().collect();
         sqlx::query_as(
             "with added as ( \
-               insert into outbox_verify_missing (id) select unnest($1::uuid[]) \
+               insert into outbox_verify_missing (id) select pg_catalog.unnest($1::uuid[]) \
                on conflict do nothing returning id) \
              select e.id, e.event_type, e.subject, e.created_at, e.published_at \
                from outbox_events e join added a on a.id = e.id \

@@ -371,3 +371,129 @@ async fn a_relay_user_with_the_printed_permissions_publishes_and_nothing_else() 
         .messages;
     assert_eq!(stored, ids.len() as u64);
 }
+
+/// Functions and operators another role may create in `public` (Postgres 13 and 14 let every
+/// role create there) that overload built-ins the components call: Postgres prefers an exact
+/// match of argument types in any schema of the search path over a built-in reached by an
+/// implicit cast (`unnest(anyarray)` for a `text[]`, `numeric * numeric` for `numeric * int4`).
+/// Each trap records that it ran. The relay (claims and horizon samples), a consumer (its
+/// dedupe insert) and `verify` (a row missing from the stream) run beside them, and none runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_and_operators_another_role_creates_in_public_run_nowhere() {
+    use crate::consumer::{setup, spawn, Record, STREAM};
+    use outbox_runtime::verify::{verify, VerifyOptions};
+
+    let s = setup(Duration::from_secs(60)).await;
+    let trap = |what: &str, returns: &str, body: &str| {
+        format!(
+            "language plpgsql as $$ begin insert into public.trap_fired values ('{what}'); \
+             {body}; end $$; -- returns {returns}"
+        )
+    };
+    let statements = [
+        "create table trap_fired (what text not null)".to_owned(),
+        "grant insert on trap_fired to public".to_owned(),
+        format!(
+            "create function trap_times(float8, int4) returns float8 {}",
+            trap(
+                "float8 * int4",
+                "float8",
+                "return $1 operator(pg_catalog.*) $2::float8"
+            )
+        ),
+        "create operator public.* (leftarg = float8, rightarg = int4, function = trap_times)"
+            .to_owned(),
+        format!(
+            "create function trap_times(numeric, int4) returns numeric {}",
+            trap(
+                "numeric * int4",
+                "numeric",
+                "return $1 operator(pg_catalog.*) $2::numeric"
+            )
+        ),
+        "create operator public.* (leftarg = numeric, rightarg = int4, function = trap_times)"
+            .to_owned(),
+        format!(
+            "create function public.unnest(text[]) returns setof text {}",
+            trap(
+                "unnest(text[])",
+                "text",
+                "return query select pg_catalog.unnest($1)"
+            )
+        ),
+        format!(
+            "create function public.unnest(uuid[]) returns setof uuid {}",
+            trap(
+                "unnest(uuid[])",
+                "uuid",
+                "return query select pg_catalog.unnest($1)"
+            )
+        ),
+    ];
+    for statement in statements {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&s.db.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    // the traps work: statements written as the components' were before fire each
+    sqlx::query(
+        "select (extract(epoch from now()) * 1000)::int8, \
+                (select count(*) from unnest(array['a']::text[])), \
+                (select count(*) from unnest(array[gen_random_uuid()]::uuid[]))",
+    )
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let fired: Vec<String> = sqlx::query_scalar("delete from trap_fired returning what")
+        .fetch_all(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(fired.len(), 3, "each trap fires where it could: {fired:?}");
+
+    let relay = Arc::new(
+        Relay::new(s.db.pool.clone(), s.js.clone(), RelayConfig::default())
+            .await
+            .unwrap(),
+    );
+    let (stop_relay, relay_running) = run_relay(relay.clone());
+    let (stop_consumer, consuming) = spawn(s.consumer("foreign", Record));
+    for n in 0..5 {
+        s.emit(n).await;
+    }
+    eventually(Duration::from_secs(20), "five events applied", || async {
+        s.effects().await.0 == 5
+    })
+    .await;
+    // the horizon's samples run every 200 ms beside the batches
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stop_relay.send(()).unwrap();
+    relay_running.await.unwrap();
+    let _ = stop_consumer.send(());
+    consuming.await.unwrap();
+
+    // a row marked published by hand (after the stream's first message), which the stream
+    // never had: verify looks it up
+    let missing = s.emit(5).await;
+    sqlx::query("update outbox_events set published_at = now() where id = $1")
+        .bind(missing)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let now = chrono::Utc::now();
+    let report = verify(
+        &s.db.pool,
+        &s.js,
+        &VerifyOptions::new(STREAM, now - chrono::TimeDelta::hours(1), now),
+        |_| {},
+    )
+    .await
+    .expect("verify");
+    assert_eq!(report.missing, 1, "verify found the row: {report:?}");
+
+    let fired: Vec<String> = sqlx::query_scalar("select what from trap_fired")
+        .fetch_all(&s.db.pool)
+        .await
+        .unwrap();
+    assert!(fired.is_empty(), "another role's code ran: {fired:?}");
+}
