@@ -241,6 +241,7 @@ pub(crate) async fn run(pool: &PgPool) -> Result<()> {
 
 async fn locked(conn: &mut PgConnection) -> Result<()> {
     lock(conn).await?;
+    foreign_tables(conn).await?;
     sqlx::query("select set_config('lock_timeout', $1, false)")
         .bind(millis(LOCK_WAIT))
         .execute(&mut *conn)
@@ -272,6 +273,57 @@ async fn apply(migrator: &Migrator, conn: &mut PgConnection, to: Option<i64>) ->
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The tables the migrations create or change, and sqlx's record of them.
+const TABLES: [&str; 10] = [
+    "_sqlx_migrations",
+    "outbox_events",
+    "outbox_consumed",
+    "outbox_subject_positions",
+    "outbox_retries",
+    "outbox_consumer_attempts",
+    "outbox_consumer_names",
+    "outbox_subject_sequences",
+    "outbox_dedupe_horizon",
+    "outbox_relay_lease",
+];
+
+/// Refuses to migrate when a name of [`TABLES`] resolves (through the session's `search_path`)
+/// to a relation the migrating role does not own, nor a role it is a member of: another role
+/// created it (in a schema it may create in: `public` on Postgres 13 and 14 by default, or a
+/// schema named after the migrating role), and the migrations (`create table if not exists`)
+/// would use it, with its triggers, as the outbox's.
+async fn foreign_tables(conn: &mut PgConnection) -> Result<()> {
+    let foreign: Vec<(String, String)> = sqlx::query_as(
+        "select c.oid::regclass::text, pg_catalog.pg_get_userbyid(c.relowner)::text \
+           from pg_catalog.unnest($1::text[]) as t(name) \
+           join pg_catalog.pg_class c on c.oid = pg_catalog.to_regclass(t.name) \
+          where not pg_catalog.pg_has_role(current_user, c.relowner, 'usage') \
+          order by 1",
+    )
+    .bind(&TABLES[..])
+    .fetch_all(&mut *conn)
+    .await?;
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    let listed: Vec<String> = foreign
+        .iter()
+        .map(|(table, owner)| format!("`{table}` (owned by `{owner}`)"))
+        .collect();
+    let user: String = sqlx::query_scalar("select current_user::text")
+        .fetch_one(&mut *conn)
+        .await?;
+    Err(Error::Config(format!(
+        "outbox migrate refuses to use {}: the migrations create these tables, and the role \
+         migrating (`{user}`) neither owns them nor is a member of their owner, so another role \
+         created them and could run its own code (a trigger) as whoever writes them. Drop them \
+         if no outbox ever used them, or migrate as their owner; and let only the migration role \
+         create in the schema (on Postgres 13 and 14: `revoke create on schema public from \
+         public`, docs/operations.md, *Roles*)",
+        listed.join(", ")
+    )))
 }
 
 /// Records `migration` as applied (without running its statement) unless it is.

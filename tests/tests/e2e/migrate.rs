@@ -435,3 +435,61 @@ async fn migrate_holds_sqlxs_migration_lock_so_it_waits_for_the_services_migrato
         .expect("migrate task")
         .expect("migrate");
 }
+
+/// A role that may create in the schema where the migrations create their tables (`public` on
+/// Postgres 13 and 14 by default) creates one of them first, with a trigger that would run its
+/// code as whoever writes the table. The migrations' `create table if not exists` would take it
+/// as the outbox's: `migrate` refuses, names the table and its owner, and applies nothing. The
+/// same holds for sqlx's own `_sqlx_migrations`, whose every insert the trigger would see.
+#[tokio::test]
+async fn a_table_another_role_created_before_the_migrations_is_refused_not_used() {
+    let private = Private::new("migrator").await;
+    private
+        .admin("outbox")
+        .await
+        .execute_all(&[
+            "create role mallory login",
+            "grant create on schema public to mallory",
+        ])
+        .await;
+    let mallory = private.pool("mallory", 1).await;
+    let migrator = private.pool("migrator", 2).await;
+    for table in ["outbox_relay_lease", "_sqlx_migrations"] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "create table {table} (version bigint); \
+             create function mallorys() returns trigger language plpgsql as \
+               $$ begin raise exception 'mallory''s code ran'; end $$; \
+             create trigger mallorys before insert on {table} \
+               for each row execute function mallorys();"
+        )))
+        .execute(&mallory)
+        .await
+        .expect("mallory creates the table");
+        let refused = outbox_runtime::migrate(&migrator)
+            .await
+            .expect_err("migrate uses another role's table");
+        let said = refused.to_string();
+        assert!(matches!(refused, Error::Config(_)), "{said}");
+        for part in [
+            &format!("`{table}` (owned by `mallory`)"),
+            "revoke create on schema public from public",
+        ] {
+            assert!(said.contains(part), "{part} in: {said}");
+        }
+        let events: Option<String> =
+            sqlx::query_scalar("select to_regclass('outbox_events')::text")
+                .fetch_one(&migrator)
+                .await
+                .unwrap();
+        assert_eq!(events, None, "nothing was migrated");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "drop table {table}; drop function mallorys();"
+        )))
+        .execute(&mallory)
+        .await
+        .expect("mallory drops it");
+    }
+    outbox_runtime::migrate(&migrator)
+        .await
+        .expect("migrate once the tables are gone");
+}
