@@ -40,5 +40,8 @@ select format('grant connect on database %I to %I, %I, %I, %I, %I, %I', current_
 \gexec
 grant usage on schema public to :"migrator_role", :"relay_role", :"emitter_role",
   :"consumer_role", :"retention_role", :"operator_role";
--- The migration role creates the tables (and sqlx's `_sqlx_migrations`).
+-- The migration role creates the tables (and sqlx's `_sqlx_migrations`). Let no other role
+-- create in `public`: Postgres 13 and 14 let every role, so there run, as the schema's owner,
+-- `revoke create on schema public from public` (not done here: other roles of the database may
+-- rely on it; docs/operations.md, *Who may create where the tables are*).
 grant create on schema public to :"migrator_role";
