@@ -497,3 +497,63 @@ async fn functions_and_operators_another_role_creates_in_public_run_nowhere() {
         .unwrap();
     assert!(fired.is_empty(), "another role's code ran: {fired:?}");
 }
+
+/// A role that may create schemas in the database (`create` on it) creates one named after the
+/// relay's login role, holding an `outbox_events` of its own, which the default `search_path`
+/// (`"$user", public`) reads first. The sessions `connect::postgres` opens (`Relay::connect`'s,
+/// the `outbox` commands') resolve the outbox's tables in `public`, unless the URL sets a path.
+#[tokio::test]
+async fn a_schema_named_after_the_relays_role_does_not_shadow_the_outbox_tables() {
+    use crate::migrate::Private;
+    use sqlx::postgres::PgPoolOptions;
+
+    let private = Private::new("migrator").await;
+    private
+        .admin("outbox")
+        .await
+        .execute_all(&[
+            "create role relayer login",
+            "create role mallory login",
+            "grant create on database outbox to mallory",
+        ])
+        .await;
+    outbox_runtime::migrate(&private.pool("migrator", 2).await)
+        .await
+        .expect("migrate");
+    sqlx::raw_sql(
+        "create schema relayer; grant usage on schema relayer to relayer; \
+         create table relayer.outbox_events (id uuid); \
+         grant select, update on relayer.outbox_events to relayer",
+    )
+    .execute(&private.pool("mallory", 1).await)
+    .await
+    .expect("mallory shadows the table");
+    let schema_of_events = |pool: sqlx::PgPool| async move {
+        let schema: String = sqlx::query_scalar(
+            "select n.nspname::text from pg_class c join pg_namespace n on n.oid = c.relnamespace \
+              where c.oid = to_regclass('outbox_events')",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("resolve outbox_events");
+        schema
+    };
+    assert_eq!(
+        schema_of_events(private.pool("relayer", 1).await).await,
+        "relayer",
+        "a plain session reads mallory's table: nothing is tested otherwise"
+    );
+    let url = private.url("relayer", "outbox");
+    let connect = |url: String| async move {
+        outbox_runtime::connect::postgres(&url, PgPoolOptions::new().max_connections(1))
+            .await
+            .expect("connect")
+    };
+    assert_eq!(schema_of_events(connect(url.clone()).await).await, "public");
+    assert_eq!(
+        schema_of_events(connect(format!("{url}?options=-c%20search_path%3Drelayer,public")).await)
+            .await,
+        "relayer",
+        "the URL's own path is kept"
+    );
+}
