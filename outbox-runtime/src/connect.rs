@@ -34,12 +34,6 @@ pub const APPLICATION_NAME: &str = "outbox";
 /// The sessions show as `application_name` [`APPLICATION_NAME`] in `pg_stat_activity`, unless
 /// the URL names another (`?application_name=billing-relay`).
 ///
-/// They resolve names in `public` (after `pg_catalog`, as always), where the migrations create
-/// the outbox's tables, unless the URL sets a `search_path` itself
-/// (`?options=-c%20search_path%3Dbilling`): without `"$user"`, which the default path puts
-/// first, a role that may create schemas cannot shadow the outbox's tables with a schema named
-/// after the role that connects (docs/operations.md, *Who may create where the tables are*).
-///
 /// ```no_run
 /// # async fn run() -> outbox_runtime::Result<()> {
 /// use sqlx::postgres::PgPoolOptions;
@@ -58,12 +52,6 @@ pub async fn postgres(database_url: &str, options: PgPoolOptions) -> Result<PgPo
     })?;
     if connect.get_application_name().is_none() {
         connect = connect.application_name(APPLICATION_NAME);
-    }
-    if !connect
-        .get_options()
-        .is_some_and(|o| o.contains("search_path"))
-    {
-        connect = connect.options([("search_path", "public")]);
     }
     match options.connect_with(connect.clone()).await {
         Ok(pool) => Ok(pool),
