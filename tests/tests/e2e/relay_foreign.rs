@@ -497,3 +497,58 @@ async fn functions_and_operators_another_role_creates_in_public_run_nowhere() {
         .unwrap();
     assert!(fired.is_empty(), "another role's code ran: {fired:?}");
 }
+
+/// A role that may create schemas in the database (`create` on it) creates one named after a
+/// component's login role, holding an `outbox_events` of its own, which the default
+/// `search_path` (`"$user", public`) reads first. The path pinned in the URL, as
+/// docs/operations.md says to where such roles exist, resolves the outbox's tables in `public`.
+#[tokio::test]
+async fn a_schema_named_after_a_components_role_is_not_read_with_the_path_pinned_in_the_url() {
+    use crate::migrate::Private;
+    use sqlx::postgres::PgPoolOptions;
+
+    let private = Private::new("migrator").await;
+    private
+        .admin("outbox")
+        .await
+        .execute_all(&[
+            "create role relayer login",
+            "create role mallory login",
+            "grant create on database outbox to mallory",
+        ])
+        .await;
+    outbox_runtime::migrate(&private.pool("migrator", 2).await)
+        .await
+        .expect("migrate");
+    sqlx::raw_sql(
+        "create schema relayer; grant usage on schema relayer to relayer; \
+         create table relayer.outbox_events (id uuid); \
+         grant select, update on relayer.outbox_events to relayer",
+    )
+    .execute(&private.pool("mallory", 1).await)
+    .await
+    .expect("mallory shadows the table");
+    let schema_of_events = |url: String| async move {
+        let pool = outbox_runtime::connect::postgres(&url, PgPoolOptions::new().max_connections(1))
+            .await
+            .expect("connect");
+        let schema: String = sqlx::query_scalar(
+            "select n.nspname::text from pg_class c join pg_namespace n on n.oid = c.relnamespace \
+              where c.oid = to_regclass('outbox_events')",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("resolve outbox_events");
+        schema
+    };
+    let url = private.url("relayer", "outbox");
+    assert_eq!(
+        schema_of_events(url.clone()).await,
+        "relayer",
+        "the default path reads mallory's table: nothing is tested otherwise"
+    );
+    assert_eq!(
+        schema_of_events(format!("{url}?options=-c%20search_path%3Dpublic")).await,
+        "public"
+    );
+}
