@@ -101,7 +101,7 @@ impl ConcurrentIndex {
         Ok(sqlx::query_as(
             "select c.oid::regclass::text, i.indisvalid \
                from pg_index i join pg_class c on c.oid = i.indexrelid \
-              where i.indrelid = to_regclass('outbox_events') and c.relname = $1",
+              where i.indrelid = to_regclass('outbox_events')::oid and c.relname = $1",
         )
         .bind(self.name)
         .fetch_optional(&mut *conn)
@@ -299,7 +299,7 @@ async fn foreign_tables(conn: &mut PgConnection) -> Result<()> {
     let foreign: Vec<(String, String)> = sqlx::query_as(
         "select c.oid::regclass::text, pg_catalog.pg_get_userbyid(c.relowner)::text \
            from pg_catalog.unnest($1::text[]) as t(name) \
-           join pg_catalog.pg_class c on c.oid = pg_catalog.to_regclass(t.name) \
+           join pg_catalog.pg_class c on c.oid = pg_catalog.to_regclass(t.name)::oid \
           where not pg_catalog.pg_has_role(current_user, c.relowner, 'usage') \
           order by 1",
     )
@@ -350,7 +350,7 @@ async fn record(conn: &mut PgConnection, table: &str, migration: &Migration) -> 
 async fn builders(conn: &mut PgConnection) -> Result<Vec<i32>> {
     Ok(sqlx::query_scalar(
         "select distinct l.pid from pg_locks l \
-          where l.locktype = 'relation' and l.relation = to_regclass('outbox_events') \
+          where l.locktype = 'relation' and l.relation = to_regclass('outbox_events')::oid \
             and l.database = (select oid from pg_database where datname = current_database()) \
             and l.mode = 'ShareUpdateExclusiveLock' and l.granted \
             and l.pid <> pg_backend_pid() \

@@ -32,7 +32,7 @@ pub(super) fn pool_size(pool: &PgPool, config: &RelayConfig) -> Result<()> {
 /// search path): one round trip.
 const SERVER: &str = "select current_setting('server_version_num')::int, pg_is_in_recovery(), \
        c.relkind = 'p' or exists (select 1 from pg_inherits i where i.inhparent = c.oid) \
-     from pg_class c where c.oid = 'outbox_events'::regclass";
+     from pg_class c where c.oid = 'outbox_events'::regclass::oid";
 
 /// Postgres answers, is recent enough, and has the outbox table, the relay's retry
 /// schedule and the relay lease; the outbox table is one plain table.

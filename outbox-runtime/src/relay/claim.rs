@@ -14,7 +14,7 @@ use super::cursor::{Cursor, Window};
 use super::lanes::Lane;
 use super::position::{Position, Stamp};
 use super::publish::{self, Publisher, Settled};
-use super::row::{Row, Tid};
+use super::row::Row;
 use super::settle::Effects;
 use super::sql;
 use super::stats::BatchReport;
@@ -433,9 +433,12 @@ fn decode_window(row: &PgRow) -> Result<Window> {
     })
 }
 
-/// The ctids of `indices` into `rows`.
-pub(super) fn ctids(rows: &[Row], indices: impl IntoIterator<Item = usize>) -> Vec<Tid> {
-    indices.into_iter().map(|i| rows[i].ctid).collect()
+/// The ctids of `indices` into `rows`, in text form (the marks' parameter).
+pub(super) fn ctids(rows: &[Row], indices: impl IntoIterator<Item = usize>) -> Vec<String> {
+    indices
+        .into_iter()
+        .map(|i| rows[i].ctid.to_text())
+        .collect()
 }
 
 /// The distinct subjects of `rows` at `indices`, in order.

@@ -77,15 +77,17 @@ impl fmt::Display for Stamp {
     }
 }
 
+/// `timestamptz` and its array, as sqlx knows them: a type it does not know it looks up in the
+/// catalog with a statement of its own, whose unqualified calls another role could overload.
 impl Type<Postgres> for Stamp {
     fn type_info() -> PgTypeInfo {
-        PgTypeInfo::with_name("timestamptz")
+        <chrono::DateTime<chrono::Utc> as Type<Postgres>>::type_info()
     }
 }
 
 impl PgHasArrayType for Stamp {
     fn array_type_info() -> PgTypeInfo {
-        PgTypeInfo::with_name("_timestamptz")
+        <chrono::DateTime<chrono::Utc> as PgHasArrayType>::array_type_info()
     }
 }
 

@@ -161,7 +161,7 @@ select (extract(epoch from statement_timestamp()) operator(pg_catalog.*) 1000000
 /// adds the trace context of migration 0007 (a table without it is claimed without them).
 macro_rules! columns {
     () => {
-        "o.id, o.event_type, o.source, o.subject, o.time, o.data, o.created_at, o.attempts, o.ctid"
+        "o.id, o.event_type, o.source, o.subject, o.time, o.data, o.created_at, o.attempts, pg_catalog.tidsend(o.ctid)"
     };
     (traced) => {
         concat!(columns!(), ", o.traceparent, o.tracestate")
@@ -305,13 +305,16 @@ pub(super) const CLAIM_CUT: &str = claim_cut!();
 pub(super) const CLAIM_CUT_TRACED: &str = claim_cut!(traced);
 
 /// The marks address the claimed rows by `ctid`, which their row locks keep stable until this
-/// transaction updates them (a plain table: in a partitioned one a `ctid` is not unique).
+/// transaction updates them (a plain table: in a partitioned one a `ctid` is not unique). The
+/// claim reads each as `tidsend`'s bytes and the marks send them as text: sqlx does not know the
+/// `tid` type, and would look it up in the catalog with a statement of its own, whose
+/// unqualified calls another role could overload (`relay_foreign::functions_and_operators_...`).
 pub(super) const MARK_PUBLISHED: &str =
-    "update outbox_events set published_at = clock_timestamp() where ctid = any($1)";
+    "update outbox_events set published_at = clock_timestamp() where ctid = any($1::text[]::tid[])";
 
 /// See [`MARK_PUBLISHED`]: one more attempt on each row that failed.
 pub(super) const MARK_FAILED: &str =
-    "update outbox_events set attempts = attempts + 1 where ctid = any($1)";
+    "update outbox_events set attempts = attempts + 1 where ctid = any($1::text[]::tid[])";
 
 /// Parks the subjects of the given rows (`$1`): retry after `$2` milliseconds, on the
 /// database's clock, or held when that is null; `$3` says why, `$4` is the hold's cause (its

@@ -372,87 +372,100 @@ async fn a_relay_user_with_the_printed_permissions_publishes_and_nothing_else() 
     assert_eq!(stored, ids.len() as u64);
 }
 
-/// Functions and operators another role may create in `public` (Postgres 13 and 14 let every
-/// role create there) that overload built-ins the components call: Postgres prefers an exact
-/// match of argument types in any schema of the search path over a built-in reached by an
-/// implicit cast (`unnest(anyarray)` for a `text[]`, `numeric * numeric` for `numeric * int4`).
-/// Each trap records that it ran. The relay (claims and horizon samples), a consumer (its
-/// dedupe insert) and `verify` (a row missing from the stream) run beside them, and none runs.
+/// Overloads another role may create in `public` (every role may on Postgres 13 and 14), each
+/// recording that it ran, then doing what the built-in does. Postgres prefers an exact match
+/// of argument types in any schema of the search path over a built-in reached by an implicit
+/// cast: `unnest(anyarray)` for a `text[]` or a `uuid[]`, `numeric * numeric` (or `float8 *
+/// float8`) for a product with an `int4`, `oid = oid` for `oid = regclass`; and sqlx looks up a
+/// type it does not know with a statement of its own (an `int4 = oid` join, `array_agg` of
+/// `name`s).
+const TRAPS: &str = "
+create table trap_fired (what text not null);
+grant insert on trap_fired to public;
+create function trap_times(float8, int4) returns float8 language plpgsql as $$ begin
+  insert into public.trap_fired values ('float8 * int4');
+  return $1 operator(pg_catalog.*) $2::float8; end $$;
+create operator public.* (leftarg = float8, rightarg = int4, function = trap_times);
+create function trap_times(numeric, int4) returns numeric language plpgsql as $$ begin
+  insert into public.trap_fired values ('numeric * int4');
+  return $1 operator(pg_catalog.*) $2::numeric; end $$;
+create operator public.* (leftarg = numeric, rightarg = int4, function = trap_times);
+create function public.unnest(text[]) returns setof text language plpgsql as $$ begin
+  insert into public.trap_fired values ('unnest(text[])');
+  return query select pg_catalog.unnest($1); end $$;
+create function public.unnest(uuid[]) returns setof uuid language plpgsql as $$ begin
+  insert into public.trap_fired values ('unnest(uuid[])');
+  return query select pg_catalog.unnest($1); end $$;
+create function trap_eq(oid, regclass) returns bool language plpgsql as $$ begin
+  insert into public.trap_fired values ('oid = regclass');
+  return $1 operator(pg_catalog.=) $2::oid; end $$;
+create operator public.= (leftarg = oid, rightarg = regclass, function = trap_eq);
+create function trap_eq(int4, oid) returns bool language plpgsql as $$ begin
+  insert into public.trap_fired values ('int4 = oid');
+  return $1::oid operator(pg_catalog.=) $2; end $$;
+create operator public.= (leftarg = int4, rightarg = oid, function = trap_eq);
+create function trap_agg(name[]) returns name[] language plpgsql as $$ begin
+  insert into public.trap_fired values ('array_agg(name)');
+  return $1; end $$;
+create aggregate public.array_agg(name)
+  (sfunc = pg_catalog.array_append, stype = name[], finalfunc = trap_agg);
+";
+
+/// [`TRAPS`] planted, `migrate`, the relay (its start-up checks, claims, marks and horizon
+/// samples), a consumer (its dedupe insert) and `verify` (a row missing from the stream) run
+/// beside them, and none runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn functions_and_operators_another_role_creates_in_public_run_nowhere() {
     use crate::consumer::{setup, spawn, Record, STREAM};
     use outbox_runtime::verify::{verify, VerifyOptions};
 
     let s = setup(Duration::from_secs(60)).await;
-    let trap = |what: &str, returns: &str, body: &str| {
-        format!(
-            "language plpgsql as $$ begin insert into public.trap_fired values ('{what}'); \
-             {body}; end $$; -- returns {returns}"
-        )
-    };
-    let statements = [
-        "create table trap_fired (what text not null)".to_owned(),
-        "grant insert on trap_fired to public".to_owned(),
-        format!(
-            "create function trap_times(float8, int4) returns float8 {}",
-            trap(
-                "float8 * int4",
-                "float8",
-                "return $1 operator(pg_catalog.*) $2::float8"
-            )
-        ),
-        "create operator public.* (leftarg = float8, rightarg = int4, function = trap_times)"
-            .to_owned(),
-        format!(
-            "create function trap_times(numeric, int4) returns numeric {}",
-            trap(
-                "numeric * int4",
-                "numeric",
-                "return $1 operator(pg_catalog.*) $2::numeric"
-            )
-        ),
-        "create operator public.* (leftarg = numeric, rightarg = int4, function = trap_times)"
-            .to_owned(),
-        format!(
-            "create function public.unnest(text[]) returns setof text {}",
-            trap(
-                "unnest(text[])",
-                "text",
-                "return query select pg_catalog.unnest($1)"
-            )
-        ),
-        format!(
-            "create function public.unnest(uuid[]) returns setof uuid {}",
-            trap(
-                "unnest(uuid[])",
-                "uuid",
-                "return query select pg_catalog.unnest($1)"
-            )
-        ),
-    ];
-    for statement in statements {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
-            .execute(&s.db.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{statement}: {e}"));
-    }
+    sqlx::raw_sql(TRAPS)
+        .execute(&s.db.pool)
+        .await
+        .expect("plant the traps");
     // the traps work: statements written as the components' were before fire each
     sqlx::query(
         "select (extract(epoch from now()) * 1000)::int8, \
                 (select count(*) from unnest(array['a']::text[])), \
-                (select count(*) from unnest(array[gen_random_uuid()]::uuid[]))",
+                (select count(*) from unnest(array[gen_random_uuid()]::uuid[])), \
+                (select count(*) from pg_class where oid = 'outbox_events'::regclass), \
+                (select count(*) from pg_type where 27 = oid), \
+                (select array_agg(typname) from pg_type where false)",
     )
     .execute(&s.db.pool)
     .await
     .unwrap();
-    let fired: Vec<String> = sqlx::query_scalar("delete from trap_fired returning what")
-        .fetch_all(&s.db.pool)
+    let fired: Vec<String> = sqlx::query_scalar(
+        "with d as (delete from trap_fired returning what) select distinct what from d order by 1",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap();
+    // (`extract` gives a `numeric` since Postgres 14: the `float8` trap is for 13)
+    assert_eq!(
+        fired,
+        [
+            "array_agg(name)",
+            "int4 = oid",
+            "numeric * int4",
+            "oid = regclass",
+            "unnest(text[])",
+            "unnest(uuid[])"
+        ],
+        "each trap fires where it could"
+    );
+
+    // migrate's look at its indexes, the relay's start-up checks, and every statement on
+    // connections that have not looked up a type yet
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(RelayConfig::default().pool_size())
+        .connect_with(s.db.options.clone())
         .await
         .unwrap();
-    assert_eq!(fired.len(), 3, "each trap fires where it could: {fired:?}");
-
+    outbox_runtime::migrate(&pool).await.expect("migrate");
     let relay = Arc::new(
-        Relay::new(s.db.pool.clone(), s.js.clone(), RelayConfig::default())
+        Relay::new(pool.clone(), s.js.clone(), RelayConfig::default())
             .await
             .unwrap(),
     );
@@ -491,7 +504,7 @@ async fn functions_and_operators_another_role_creates_in_public_run_nowhere() {
     .expect("verify");
     assert_eq!(report.missing, 1, "verify found the row: {report:?}");
 
-    let fired: Vec<String> = sqlx::query_scalar("select what from trap_fired")
+    let fired: Vec<String> = sqlx::query_scalar("select distinct what from trap_fired order by 1")
         .fetch_all(&s.db.pool)
         .await
         .unwrap();
