@@ -20,12 +20,14 @@
 
 begin;
 
-select format('revoke all on %s from %I, %I, %I, %I, %I', c.oid::regclass,
+-- (every call named in pg_catalog: an overload another role created in `public` would run as
+-- this role, and `\gexec` runs the text it returns)
+select pg_catalog.format('revoke all on %s from %I, %I, %I, %I, %I', c.oid::regclass,
               :'relay_role', :'emitter_role', :'consumer_role', :'retention_role',
               :'operator_role')
   from pg_class c
- where c.relnamespace = 'public'::regnamespace and c.relkind in ('r', 'p')
-   and c.relname like 'outbox\_%'
+ where c.relnamespace = 'public'::regnamespace::oid and c.relkind in ('r', 'p')
+   and c.relname::text like 'outbox\_%'
 \gexec
 
 -- The relay: claims unpublished rows (`for update`), marks them published or counts a failed

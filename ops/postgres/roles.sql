@@ -26,15 +26,17 @@
 \if :{?retention_role} \else \set retention_role outbox_retention \endif
 \if :{?operator_role} \else \set operator_role outbox_operator \endif
 
-select format('create role %I nologin', r)
-  from unnest(array[:'migrator_role', :'relay_role', :'emitter_role', :'consumer_role',
+-- (every call named in pg_catalog: an overload another role created in `public` would run as
+-- this role, and `\gexec` runs the text it returns)
+select pg_catalog.format('create role %I nologin', r)
+  from pg_catalog.unnest(array[:'migrator_role', :'relay_role', :'emitter_role', :'consumer_role',
                     :'retention_role', :'operator_role']) as r
  where not exists (select from pg_roles where rolname = r)
 \gexec
 
 -- Each connects to this database and finds the tables in `public` (granted to PUBLIC by
 -- default; a hardened database revokes that).
-select format('grant connect on database %I to %I, %I, %I, %I, %I, %I', current_database(),
+select pg_catalog.format('grant connect on database %I to %I, %I, %I, %I, %I, %I', current_database(),
               :'migrator_role', :'relay_role', :'emitter_role', :'consumer_role',
               :'retention_role', :'operator_role')
 \gexec

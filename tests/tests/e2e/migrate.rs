@@ -489,6 +489,24 @@ async fn a_table_another_role_created_before_the_migrations_is_refused_not_used(
         .await
         .expect("mallory drops it");
     }
+    // a superuser may do anything with mallory's table, but did not create it
+    sqlx::raw_sql("create table outbox_retries (subject text)")
+        .execute(&mallory)
+        .await
+        .expect("mallory creates a table");
+    let refused = outbox_runtime::migrate(&private.pool("root", 2).await)
+        .await
+        .expect_err("a superuser's migrate uses another role's table");
+    assert!(
+        refused
+            .to_string()
+            .contains("`outbox_retries` (owned by `mallory`)"),
+        "{refused}"
+    );
+    sqlx::raw_sql("drop table outbox_retries")
+        .execute(&mallory)
+        .await
+        .expect("mallory drops it");
     outbox_runtime::migrate(&migrator)
         .await
         .expect("migrate once the tables are gone");
