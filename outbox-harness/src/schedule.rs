@@ -304,7 +304,7 @@ pub enum Node {
     StreamLeader,
 }
 
-/// What another role, sharing the database with nothing but `CONNECT`, does to the relays: any
+/// What another role, sharing the database with no rights on its tables, does to the relays: any
 /// role may take their advisory lock keys and send notifications on their channel
 /// (docs/operations.md, *What another role can do to the relay*).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,8 @@ pub const RELAY_ROLE: &str = "outbox_relay";
 pub const RETENTION_ROLE: &str = "outbox_retention";
 /// The role the consumer's replicas log in as.
 pub const CONSUMER_ROLE: &str = "outbox_consumer";
-/// The role of another user of the database: nothing but `CONNECT` (it interferes with the
+/// The role of another user of the database: nothing but `CONNECT` and `USAGE` on `public`
+/// (every role has both by default; it interferes with the
 /// relays: [`Intrusion`](crate::schedule::Intrusion)).
 pub const INTRUDER_ROLE: &str = "harness_intruder";
 /// The run's main stream, capturing [`STREAM_SUBJECTS`].

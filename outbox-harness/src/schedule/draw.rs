@@ -277,7 +277,7 @@ impl Draft {
         }
     }
 
-    /// In half the runs, another role (nothing but `CONNECT`) interferes with the relays 1-3
+    /// In half the runs, another role (no rights on the tables) interferes with the relays 1-3
     /// times, for 3-25 s each, at any time of the run (a generator of its own). The windows may
     /// overlap: each has a connection of its own.
     fn intruder(&mut self) {

@@ -51,9 +51,9 @@ impl Row {
     }
 
     /// Decodes a row of [`CLAIM`](super::sql::CLAIM) (`id, event_type, source, subject, time,
-    /// data, created_at, attempts, ctid`, then `traceparent, tracestate` if the claim read
-    /// them). Only `id` and `ctid`, which Postgres always writes in a readable form, fail the
-    /// whole row.
+    /// data, created_at, attempts, tidsend(ctid)`, then `traceparent, tracestate` if the claim
+    /// read them). Only `id` and `ctid`, which Postgres always writes in a readable form, fail
+    /// the whole row.
     pub(super) fn decode(row: &PgRow) -> sqlx::Result<Row> {
         let trace = if row.len() > 10 {
             let tracestate = optional_text(row, 10);

@@ -380,36 +380,66 @@ async fn a_relay_user_with_the_printed_permissions_publishes_and_nothing_else() 
 /// type it does not know with a statement of its own (an `int4 = oid` join, `array_agg` of
 /// `name`s).
 const TRAPS: &str = "
-create table trap_fired (what text not null);
-grant insert on trap_fired to public;
+create sequence trap_float8_times_int4;
+create sequence trap_numeric_times_int4;
+create sequence trap_unnest_text;
+create sequence trap_unnest_uuid;
+create sequence trap_oid_eq_regclass;
+create sequence trap_int4_eq_oid;
+create sequence trap_array_agg_name;
 create function trap_times(float8, int4) returns float8 language plpgsql as $$ begin
-  insert into public.trap_fired values ('float8 * int4');
+  perform pg_catalog.nextval('public.trap_float8_times_int4');
   return $1 operator(pg_catalog.*) $2::float8; end $$;
 create operator public.* (leftarg = float8, rightarg = int4, function = trap_times);
 create function trap_times(numeric, int4) returns numeric language plpgsql as $$ begin
-  insert into public.trap_fired values ('numeric * int4');
+  perform pg_catalog.nextval('public.trap_numeric_times_int4');
   return $1 operator(pg_catalog.*) $2::numeric; end $$;
 create operator public.* (leftarg = numeric, rightarg = int4, function = trap_times);
 create function public.unnest(text[]) returns setof text language plpgsql as $$ begin
-  insert into public.trap_fired values ('unnest(text[])');
+  perform pg_catalog.nextval('public.trap_unnest_text');
   return query select pg_catalog.unnest($1); end $$;
 create function public.unnest(uuid[]) returns setof uuid language plpgsql as $$ begin
-  insert into public.trap_fired values ('unnest(uuid[])');
+  perform pg_catalog.nextval('public.trap_unnest_uuid');
   return query select pg_catalog.unnest($1); end $$;
 create function trap_eq(oid, regclass) returns bool language plpgsql as $$ begin
-  insert into public.trap_fired values ('oid = regclass');
+  perform pg_catalog.nextval('public.trap_oid_eq_regclass');
   return $1 operator(pg_catalog.=) $2::oid; end $$;
 create operator public.= (leftarg = oid, rightarg = regclass, function = trap_eq);
 create function trap_eq(int4, oid) returns bool language plpgsql as $$ begin
-  insert into public.trap_fired values ('int4 = oid');
+  perform pg_catalog.nextval('public.trap_int4_eq_oid');
   return $1::oid operator(pg_catalog.=) $2; end $$;
 create operator public.= (leftarg = int4, rightarg = oid, function = trap_eq);
 create function trap_agg(name[]) returns name[] language plpgsql as $$ begin
-  insert into public.trap_fired values ('array_agg(name)');
+  perform pg_catalog.nextval('public.trap_array_agg_name');
   return $1; end $$;
 create aggregate public.array_agg(name)
   (sfunc = pg_catalog.array_append, stype = name[], finalfunc = trap_agg);
 ";
+
+/// The traps of [`TRAPS`] that ran since they were planted or [`reset`] (their sequences count
+/// outside transactions, so a trap that ran in a transaction rolled back counts too).
+async fn fired(pool: &sqlx::PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "select c.relname::text from pg_sequence q join pg_class c on c.oid = q.seqrelid \
+          where c.relname::text like 'trap\\_%' and pg_sequence_last_value(q.seqrelid) is not null \
+          order by 1",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read the traps")
+}
+
+/// Every trap of [`TRAPS`] as not run.
+async fn reset(pool: &sqlx::PgPool) {
+    for trap in fired(pool).await {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "alter sequence {trap} restart"
+        )))
+        .execute(pool)
+        .await
+        .expect("reset a trap");
+    }
+}
 
 /// [`TRAPS`] planted, `migrate`, the relay (its start-up checks, claims, marks and horizon
 /// samples), a consumer (its dedupe insert) and `verify` (a row missing from the stream) run
@@ -436,25 +466,21 @@ async fn functions_and_operators_another_role_creates_in_public_run_nowhere() {
     .execute(&s.db.pool)
     .await
     .unwrap();
-    let fired: Vec<String> = sqlx::query_scalar(
-        "with d as (delete from trap_fired returning what) select distinct what from d order by 1",
-    )
-    .fetch_all(&s.db.pool)
-    .await
-    .unwrap();
     // (`extract` gives a `numeric` since Postgres 14: the `float8` trap is for 13)
     assert_eq!(
-        fired,
+        fired(&s.db.pool).await,
         [
-            "array_agg(name)",
-            "int4 = oid",
-            "numeric * int4",
-            "oid = regclass",
-            "unnest(text[])",
-            "unnest(uuid[])"
+            "trap_array_agg_name",
+            "trap_int4_eq_oid",
+            "trap_numeric_times_int4",
+            "trap_oid_eq_regclass",
+            "trap_unnest_text",
+            "trap_unnest_uuid"
         ],
         "each trap fires where it could"
     );
+    reset(&s.db.pool).await;
+    assert!(fired(&s.db.pool).await.is_empty(), "the traps are reset");
 
     // migrate's look at its indexes, the relay's start-up checks, and every statement on
     // connections that have not looked up a type yet
@@ -504,10 +530,7 @@ async fn functions_and_operators_another_role_creates_in_public_run_nowhere() {
     .expect("verify");
     assert_eq!(report.missing, 1, "verify found the row: {report:?}");
 
-    let fired: Vec<String> = sqlx::query_scalar("select distinct what from trap_fired order by 1")
-        .fetch_all(&s.db.pool)
-        .await
-        .unwrap();
+    let fired = fired(&s.db.pool).await;
     assert!(fired.is_empty(), "another role's code ran: {fired:?}");
 }
 
