@@ -118,9 +118,10 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 ///   `outbox_events` in the mode a concurrent build holds it (`pg_locks`, which every role can
 ///   read), so a build in progress is never dropped, whoever runs it.
 /// - **No table another role created**: a table the migrations create (or `_sqlx_migrations`)
-///   that exists already, owned by a role the migrating role is not a member of, was made by
-///   someone else, and `create table if not exists` would take it, with its triggers, as the
-///   outbox's: this returns [`Error::Config`] naming it and its owner, and applies nothing.
+///   that exists already, owned by neither a superuser nor the migrating role or a role it is a
+///   member of by grants, was made by someone else, and `create table if not exists` would take
+///   it, with its triggers, as the outbox's: this returns [`Error::Config`] naming it and its
+///   owner, and applies nothing.
 ///
 /// ```no_run
 /// # async fn run() -> outbox_runtime::Result<()> {
