@@ -1,5 +1,5 @@
 // v2 of billing.subscription.renewed dropped the `legacy` plan; this code was written for v1.
-use outbox_tests::contract_v2::{SubscriptionRenewed, SubscriptionRenewedPlan};
+use outbox_ui::contract_v2::{SubscriptionRenewed, SubscriptionRenewedPlan};
 
 fn renewed(subscription_id: uuid::Uuid) -> SubscriptionRenewed {
     SubscriptionRenewed {

@@ -1,5 +1,5 @@
 // v2 of billing.invoice.paid renamed `paid_at` to `settled_at`; this code was written for v1.
-use outbox_tests::contract_v2::InvoicePaid;
+use outbox_ui::contract_v2::InvoicePaid;
 
 fn paid(invoice_id: uuid::Uuid) -> InvoicePaid {
     InvoicePaid {

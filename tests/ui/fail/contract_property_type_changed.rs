@@ -1,6 +1,6 @@
 // v2 of billing.invoice.refunded made `refund` a decimal string; this code was written for v1,
 // where it was an integer number of cents.
-use outbox_tests::contract_v2::InvoiceRefunded;
+use outbox_ui::contract_v2::InvoiceRefunded;
 
 fn refunded(invoice_id: uuid::Uuid, cents: u64) -> InvoiceRefunded {
     InvoiceRefunded {

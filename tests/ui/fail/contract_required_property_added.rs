@@ -1,5 +1,5 @@
 // v2 of billing.invoice.issued made `currency` required; this code was written for v1.
-use outbox_tests::contract_v2::InvoiceIssued;
+use outbox_ui::contract_v2::InvoiceIssued;
 
 fn issue(invoice_id: uuid::Uuid, customer_id: uuid::Uuid) -> InvoiceIssued {
     InvoiceIssued {

@@ -1,7 +1,7 @@
 // The code of the `contract_*` fail cases, unchanged, against the v1 contract it was written
 // for: it compiles, so those cases fail because of the contract change alone.
 use outbox_runtime::{EmitEvent, OutboxEvent};
-use outbox_tests::contract_v1::{
+use outbox_ui::contract_v1::{
     ChargeSucceeded, InvoiceIssued, InvoicePaid, InvoiceRefunded, SubscriptionRenewed,
     SubscriptionRenewedPlan,
 };

@@ -1,7 +1,7 @@
 // The generated v2 types: constants, subjects, the inlined schema, and the payload of each
 // passing the runtime's schema validation.
 use outbox_runtime::{EmitEvent, OutboxEvent, Schemas, PLATFORM_SUBJECT};
-use outbox_tests::contract_v2::{
+use outbox_ui::contract_v2::{
     ChargeSucceeded, Currency, InvoiceIssued, InvoicePaid, Line, UsageRecorded,
 };
 

@@ -1,28 +1,30 @@
 //! The compile-fail suite: a contract change, or a struct that does not fit its schema, is a
 //! compile error at the user's own line, and the message says the fix.
 //!
-//! `ui/fail/*.rs` must fail to compile with exactly the errors in the `.stderr` beside each;
-//! `ui/pass/*.rs` must compile and run. Regenerate the `.stderr` files after a deliberate
-//! message change with `TRYBUILD=overwrite cargo test -p outbox-tests --test ui`, then read
-//! each diff.
+//! `fail/*.rs` must fail to compile with exactly the errors in the `.stderr` beside each;
+//! `pass/*.rs` must compile and run. Regenerate the `.stderr` files after a deliberate message
+//! change with `TRYBUILD=overwrite cargo test -p outbox-ui`, then read each diff.
+//!
+//! trybuild builds the cases against this crate's dependencies in a target directory of its
+//! own, so the crate depends on nothing the cases do not use.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// trybuild compiles the cases as binaries of a crate at `<target>/tests/trybuild/outbox-tests`,
+/// trybuild compiles the cases as binaries of a crate at `<target>/tests/trybuild/outbox-ui`,
 /// so that is the `CARGO_MANIFEST_DIR` the derive sees. The hand-written cases find their
 /// schemas where a real crate keeps them, `schemas/events/` beside its Cargo.toml: copy the
-/// current contract (`schemas/v2`) there.
+/// current contract (`tests/schemas/v2`) there.
 fn stage_schemas() -> PathBuf {
     let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .expect("CARGO_TARGET_TMPDIR is <target>/tmp");
-    let events = target.join("tests/trybuild/outbox-tests/schemas/events");
+    let events = target.join("tests/trybuild/outbox-ui/schemas/events");
     if events.exists() {
         fs::remove_dir_all(&events).expect("remove the previous copy of the schemas");
     }
     copy_dir(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/v2"),
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas/v2"),
         &events,
     );
     events
@@ -47,6 +49,6 @@ fn ui() {
     let events = stage_schemas();
     assert!(events.join("billing.invoice.issued.schema.json").is_file());
     let t = trybuild::TestCases::new();
-    t.compile_fail("ui/fail/*.rs");
-    t.pass("ui/pass/*.rs");
+    t.compile_fail("fail/*.rs");
+    t.pass("pass/*.rs");
 }
