@@ -77,26 +77,38 @@ impl Options {
     /// The command that replays `seed` with these options (and `topology`, which the seed
     /// may have drawn).
     pub fn replay(&self, seed: u64, topology: Topology) -> String {
+        format!(
+            "cargo run -p outbox-harness -- {}",
+            self.args(seed, topology).join(" ")
+        )
+    }
+
+    /// The `outbox-harness` arguments that run `seed` with these options (and `topology`).
+    pub fn args(&self, seed: u64, topology: Topology) -> Vec<String> {
         let s = &self.settings;
-        let mut cmd = format!(
-            "cargo run -p outbox-harness -- --seed {seed} --topology {} --relay {} --duration {}",
+        let mut args = vec![
+            "--seed".to_owned(),
+            seed.to_string(),
+            "--topology".to_owned(),
             name(topology),
+            "--relay".to_owned(),
             name(s.relays),
-            s.duration.as_secs()
-        );
+            "--duration".to_owned(),
+            s.duration.as_secs().to_string(),
+        ];
         if let Some(focus) = s.focus {
-            cmd.push_str(&format!(" --focus {}", name(focus)));
+            args.extend(["--focus".to_owned(), name(focus)]);
         }
         if let Some(rows) = s.held_rows {
-            cmd.push_str(&format!(" --held-rows {rows}"));
+            args.extend(["--held-rows".to_owned(), rows.to_string()]);
         }
         if self.bound != Options::default().bound {
-            cmd.push_str(&format!(" --bound {}", self.bound.as_secs_f64()));
+            args.extend(["--bound".to_owned(), self.bound.as_secs_f64().to_string()]);
         }
         if self.strict_attempts {
-            cmd.push_str(" --strict-attempts");
+            args.push("--strict-attempts".to_owned());
         }
-        cmd
+        args
     }
 }
 

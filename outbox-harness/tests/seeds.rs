@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use outbox_harness::schedule::{self, RelayMode, Settings, Topology};
+use outbox_harness::Options;
 
 /// (seed, topology, relays, held rows): every topology and kind of relay at least once, a
 /// consumer (seed 106 draws one, beside a burst writer on its type), and another role (seed 108
@@ -124,25 +125,12 @@ struct Outcome {
 /// Runs one seed of the budget as `outbox-harness --seed ...`, whose exit status is 0 only
 /// when every property held.
 fn run(seed: u64, topology: Topology, relays: RelayMode, held_rows: Option<u64>) -> Outcome {
-    let topology = match topology {
-        Topology::Single => "single",
-        Topology::Cluster => "cluster",
+    let options = Options {
+        settings: settings(topology, relays, held_rows),
+        ..Options::default()
     };
-    let relays = match relays {
-        RelayMode::Task => "task",
-        RelayMode::Process => "process",
-        RelayMode::Mixed => "mixed",
-    };
-    let duration = settings(Topology::Single, RelayMode::Task, None).duration;
     let output = Command::new(env!("CARGO_BIN_EXE_outbox-harness"))
-        .args(["--seed", &seed.to_string(), "--topology", topology])
-        .args([
-            "--relay",
-            relays,
-            "--duration",
-            &duration.as_secs().to_string(),
-        ])
-        .args(["--held-rows", &held_rows.unwrap_or(0).to_string()])
+        .args(options.args(seed, topology))
         .output()
         .unwrap_or_else(|e| panic!("run outbox-harness for seed {seed}: {e}"));
     let text = format!(
